@@ -1,0 +1,5 @@
+"""Allow ``python -m headway``."""
+
+from headway.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""The ``headway`` command line: parse, call one library function, map errors to exit codes.
+
+Exit codes: 0 success; 1 a check failed; 2 a usage or configuration error (one line that
+names the key path, the value and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from headway import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every verb."""
+    parser = argparse.ArgumentParser(prog="headway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"headway {__version__}")
+    parser.add_subparsers(dest="verb", metavar="VERB")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return 0

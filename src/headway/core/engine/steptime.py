@@ -1,0 +1,128 @@
+"""The step-time contract: how long one engine step takes for a given batch.
+
+A step of a continuous-batching engine computes some prompt (prefill) tokens, possibly in
+chunks, and one new token for each decoding sequence. Its duration depends on the batch
+only through a few sums, so a batch is described by :class:`BatchShape` and any step-time
+model (the roofline in :mod:`headway.core.engine.roofline`, or a profile measured by
+``headway calibrate``) answers :meth:`StepTimeModel.step_time_s`.
+
+Decode-only steps must be *affine in the KV tokens read* for a fixed number of sequences:
+``step_time_s(decode-only n seqs, kv) == base + per_kv_token * kv``. The simulator relies
+on that to jump over runs of identical decode steps in closed form
+(:meth:`StepTimeModel.decode_step_affine`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """The sums over one step's batch that determine its duration.
+
+    A prefill chunk of ``c`` new tokens for a request that already has ``p`` tokens in KV
+    attends to ``p + 1 .. p + c`` positions, i.e. ``c * p + c * (c + 1) / 2`` query-key
+    pairs; ``prefill_attention_pairs`` is that sum over the step's chunks.
+    """
+
+    num_prefill_tokens: int = 0
+    """New prompt tokens computed this step (all chunks together)."""
+
+    prefill_attention_pairs: int = 0
+    """Sum over prefill chunks of query-key pairs: ``c * p + c * (c + 1) // 2``."""
+
+    num_prefill_seqs: int = 0
+    """Requests that contribute a prefill chunk this step."""
+
+    num_decode_seqs: int = 0
+    """Requests that generate one token this step."""
+
+    decode_kv_tokens: int = 0
+    """Sum over decoding requests of the tokens already in their KV cache (read once each)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed this step: the batch size that GEMMs see."""
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the step computes nothing."""
+        return self.num_tokens == 0
+
+
+def prefill_pairs(chunk_tokens: int, prior_tokens: int) -> int:
+    """Query-key pairs of a prefill chunk of ``chunk_tokens`` after ``prior_tokens``."""
+    return chunk_tokens * prior_tokens + chunk_tokens * (chunk_tokens + 1) // 2
+
+
+class StepTimeModel(Protocol):
+    """Anything that predicts the duration of an engine step."""
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        """Seconds the step takes (> 0 for a non-empty batch)."""
+        ...
+
+    def decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
+        """``(base_s, per_kv_token_s)`` of decode-only steps with ``num_seqs`` sequences.
+
+        For every ``kv``: ``step_time_s(BatchShape(num_decode_seqs=num_seqs,
+        decode_kv_tokens=kv)) == base_s + per_kv_token_s * kv`` (up to rounding).
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AffineStepTime:
+    """A step-time model that is linear in the batch sums, plus a fixed overhead.
+
+    This is the form ``headway calibrate`` fits from a real endpoint, and a convenient
+    model for tests. All coefficients are seconds per unit.
+    """
+
+    overhead_s: float = 0.004
+    """Fixed cost of any non-empty step (scheduling, kernel launches, sampling)."""
+
+    per_prefill_token_s: float = 0.00005
+    """Cost of each new prompt token (GEMMs over the token)."""
+
+    per_prefill_pair_s: float = 0.0
+    """Cost of each prefill query-key pair (attention, quadratic in context)."""
+
+    per_decode_seq_s: float = 0.0001
+    """Cost of each decoding sequence (its GEMM row, sampling)."""
+
+    per_decode_kv_token_s: float = 0.0000002
+    """Cost of reading one KV token during decode attention."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "overhead_s",
+            "per_prefill_token_s",
+            "per_prefill_pair_s",
+            "per_decode_seq_s",
+            "per_decode_kv_token_s",
+        ):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise ValueError(f"AffineStepTime.{name} must be >= 0 (got {value})")
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        """Seconds the step takes; 0 for an empty batch."""
+        if batch.is_empty:
+            return 0.0
+        return (
+            self.overhead_s
+            + self.per_prefill_token_s * batch.num_prefill_tokens
+            + self.per_prefill_pair_s * batch.prefill_attention_pairs
+            + self.per_decode_seq_s * batch.num_decode_seqs
+            + self.per_decode_kv_token_s * batch.decode_kv_tokens
+        )
+
+    def decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
+        """``(base_s, per_kv_token_s)`` of a decode-only step of ``num_seqs`` sequences."""
+        if num_seqs <= 0:
+            return (0.0, 0.0)
+        return (self.overhead_s + self.per_decode_seq_s * num_seqs, self.per_decode_kv_token_s)

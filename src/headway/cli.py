@@ -11,13 +11,20 @@ import sys
 from collections.abc import Sequence
 
 from headway import __version__
+from headway.core.errors import HeadwayError
+from headway.files import commands as workload_commands
+from headway.planner import commands as plan_commands
+from headway.trace import commands as trace_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every verb."""
     parser = argparse.ArgumentParser(prog="headway", description=__doc__)
     parser.add_argument("--version", action="version", version=f"headway {__version__}")
-    parser.add_subparsers(dest="verb", metavar="VERB")
+    subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
+    plan_commands.register(subparsers)
+    trace_commands.register(subparsers)
+    workload_commands.register(subparsers)
     return parser
 
 
@@ -28,4 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help(sys.stderr)
         return 2
-    return 0
+    try:
+        return int(args.handler(args))
+    except HeadwayError as exc:
+        print(f"headway: error: {exc}", file=sys.stderr)
+        return 2

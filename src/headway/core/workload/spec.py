@@ -1,0 +1,800 @@
+"""The workload file format, as types.
+
+A workload says who sends what, when, and what they were promised:
+
+* ``classes``: task classes. A task is one user action (seed 000's "run"); it makes one or
+  more generation calls, possibly in parallel branches, with tool calls between them. Each
+  class has its token distributions, priority, route and SLOs.
+* ``sources``: arrival streams of tasks, each with an arrival process and a class mix.
+* ``tenants``: who the traffic belongs to, with traffic shares and fairness weights.
+* ``routes``: where calls go (a model and its capacity).
+* ``clients``: how callers behave (retries, patience, duplicate submissions).
+* ``planning``: what the analytic plan needs when nothing is simulated.
+
+Every type here is a frozen ``msgspec.Struct`` that forbids unknown fields, so a typo in a
+file is an error with its path (``$.classes.chat.input_tokens.cv``), never a silent default.
+Field docstrings are the reference documentation (``docs/workload.md`` and the JSON Schema
+are generated from them). Checks that involve several fields live in ``__post_init__``
+(one struct) or in :func:`headway.core.workload.validate.validate_workload` (references
+between sections).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+FORMAT_VERSION = 1
+"""The workload format version this code reads and writes."""
+
+Priority = Literal["critical", "interactive", "background"]
+"""Priority bands, most important first."""
+
+PRIORITIES: tuple[Priority, ...] = ("critical", "interactive", "background")
+
+
+class _Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every workload type: frozen, keyword-only, typos rejected."""
+
+
+def _require(condition: bool, message: str) -> None:
+    """Raise ``ValueError(message)``; msgspec attaches the key path when decoding."""
+    if not condition:
+        raise ValueError(message)
+
+
+def _finite_nonneg(name: str, value: float | None) -> None:
+    if value is not None:
+        _require(
+            math.isfinite(value) and value >= 0,
+            f"`{name}` must be a finite number >= 0 (got {value})",
+        )
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None:
+        _require(
+            math.isfinite(value) and value > 0,
+            f"`{name}` must be a finite number > 0 (got {value})",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Distributions of non-negative quantities (tokens, seconds, counts)
+# --------------------------------------------------------------------------------------
+
+
+class _Dist(_Spec, frozen=True, kw_only=True, tag_field="dist"):
+    """A distribution; the ``dist`` key picks the family."""
+
+    min: float | None = None
+    """Values below this are raised to it (a cap from below)."""
+
+    max: float | None = None
+    """Values above this are lowered to it (a cap, such as a context limit)."""
+
+    def _check_caps(self) -> None:
+        _finite_nonneg("min", self.min)
+        _finite_nonneg("max", self.max)
+        if self.min is not None and self.max is not None:
+            _require(
+                self.min <= self.max,
+                f"`min` ({self.min}) must be <= `max` ({self.max}); swap them",
+            )
+
+
+class Fixed(_Dist, frozen=True, kw_only=True, tag="fixed"):
+    """Always ``value``. A bare number in a file means the same."""
+
+    value: float
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("value", self.value)
+        self._check_caps()
+
+
+class Lognormal(_Dist, frozen=True, kw_only=True, tag="lognormal"):
+    """Lognormal with the given mean and coefficient of variation (std / mean)."""
+
+    mean: float
+    cv: float
+
+    def __post_init__(self) -> None:
+        _positive("mean", self.mean)
+        _finite_nonneg("cv", self.cv)
+        self._check_caps()
+
+
+class Gamma(_Dist, frozen=True, kw_only=True, tag="gamma"):
+    """Gamma with the given mean and coefficient of variation (shape = 1 / cv²)."""
+
+    mean: float
+    cv: float
+
+    def __post_init__(self) -> None:
+        _positive("mean", self.mean)
+        _positive("cv", self.cv)
+        self._check_caps()
+
+
+class Exponential(_Dist, frozen=True, kw_only=True, tag="exponential"):
+    """Exponential with the given mean (a gamma with cv 1)."""
+
+    mean: float
+
+    def __post_init__(self) -> None:
+        _positive("mean", self.mean)
+        self._check_caps()
+
+
+class Uniform(_Dist, frozen=True, kw_only=True, tag="uniform"):
+    """Uniform on ``[low, high]``."""
+
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("low", self.low)
+        _finite_nonneg("high", self.high)
+        _require(self.low <= self.high, f"`low` ({self.low}) must be <= `high` ({self.high})")
+        self._check_caps()
+
+
+class Poisson(_Dist, frozen=True, kw_only=True, tag="poisson"):
+    """Poisson counts with the given mean (for calls per task, tool calls)."""
+
+    mean: float
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("mean", self.mean)
+        self._check_caps()
+
+
+class Empirical(_Dist, frozen=True, kw_only=True, tag="empirical"):
+    """Draw from observed values, optionally weighted.
+
+    Give ``values`` inline, or ``trace`` and ``field`` to take them from a trace file when
+    the workload is loaded (the file is read once; the package never needs it at run time
+    once ``headway trace fit`` has inlined the values).
+    """
+
+    values: list[float] | None = None
+    """The observed values."""
+
+    weights: list[float] | None = None
+    """Relative weight of each value (default: equal)."""
+
+    trace: str | None = None
+    """A trace file to take the values from (path relative to the workload file)."""
+
+    field: Literal["input_tokens", "output_tokens"] = "input_tokens"
+    """Which trace column to use with ``trace``."""
+
+    def __post_init__(self) -> None:
+        _require(
+            (self.values is None) != (self.trace is None),
+            "give exactly one of `values` (inline) or `trace` (a trace file)",
+        )
+        if self.values is not None:
+            _require(len(self.values) > 0, "`values` must not be empty")
+            _require(
+                all(math.isfinite(v) and v >= 0 for v in self.values),
+                "`values` must all be finite numbers >= 0",
+            )
+        if self.weights is not None:
+            _require(self.values is not None, "`weights` needs inline `values`")
+        if self.weights is not None and self.values is not None:
+            _require(
+                len(self.weights) == len(self.values),
+                f"`weights` has {len(self.weights)} entries but `values` has "
+                f"{len(self.values)}; give one weight per value",
+            )
+            _require(
+                all(math.isfinite(w) and w >= 0 for w in self.weights) and sum(self.weights) > 0,
+                "`weights` must be >= 0 with a positive sum",
+            )
+        self._check_caps()
+
+
+Distribution = float | Fixed | Lognormal | Gamma | Exponential | Uniform | Poisson | Empirical
+"""A number (fixed value) or a distribution with a ``dist`` key."""
+
+
+def _check_bare(name: str, value: object) -> None:
+    """A bare number standing for a distribution must be finite and >= 0."""
+    if isinstance(value, float | int):
+        _finite_nonneg(name, float(value))
+
+
+class JointTokens(_Spec, frozen=True, kw_only=True):
+    """Input and output tokens drawn together, keeping their correlation.
+
+    ``pairs`` are observed ``[input_tokens, output_tokens]`` rows; each call draws one
+    row. With ``trace``, the rows come from a trace file when the workload is loaded.
+    """
+
+    pairs: list[tuple[int, int]] | None = None
+    """Observed ``[input_tokens, output_tokens]`` pairs."""
+
+    weights: list[float] | None = None
+    """Relative weight of each pair (default: equal)."""
+
+    trace: str | None = None
+    """A trace file whose rows supply the pairs (path relative to the workload file)."""
+
+    max_input_tokens: int | None = None
+    """Cap on input tokens (longer prompts are truncated to it)."""
+
+    max_output_tokens: int | None = None
+    """Cap on output tokens."""
+
+    def __post_init__(self) -> None:
+        _require(
+            (self.pairs is None) != (self.trace is None),
+            "give exactly one of `pairs` (inline) or `trace` (a trace file)",
+        )
+        if self.pairs is not None:
+            _require(len(self.pairs) > 0, "`pairs` must not be empty")
+            _require(
+                all(i >= 0 and o >= 0 for i, o in self.pairs),
+                "`pairs` must hold non-negative [input_tokens, output_tokens]",
+            )
+            if self.weights is not None:
+                _require(
+                    len(self.weights) == len(self.pairs),
+                    f"`weights` has {len(self.weights)} entries but `pairs` has "
+                    f"{len(self.pairs)}; give one weight per pair",
+                )
+        _positive("max_input_tokens", self.max_input_tokens)
+        _positive("max_output_tokens", self.max_output_tokens)
+
+
+# --------------------------------------------------------------------------------------
+# Arrival processes (tasks per second)
+# --------------------------------------------------------------------------------------
+
+
+class Burst(_Spec, frozen=True, kw_only=True):
+    """A window of extra or different load on top of an arrival process.
+
+    Give exactly one of ``rate_per_s`` (the rate during the burst), ``add_rate_per_s``
+    (added to the base rate) or ``multiplier`` (the base rate times this).
+    """
+
+    start_s: float
+    """When the burst starts, seconds from the start of the run."""
+
+    duration_s: float
+    """How long it lasts."""
+
+    rate_per_s: float | None = None
+    """The arrival rate during the burst (replaces the base rate)."""
+
+    add_rate_per_s: float | None = None
+    """Added to the base rate during the burst."""
+
+    multiplier: float | None = None
+    """The base rate is multiplied by this during the burst."""
+
+    every_s: float | None = None
+    """Repeat the burst with this period (default: once)."""
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("start_s", self.start_s)
+        _positive("duration_s", self.duration_s)
+        given = [
+            n
+            for n, v in (
+                ("rate_per_s", self.rate_per_s),
+                ("add_rate_per_s", self.add_rate_per_s),
+                ("multiplier", self.multiplier),
+            )
+            if v is not None
+        ]
+        _require(
+            len(given) == 1,
+            "give exactly one of `rate_per_s`, `add_rate_per_s` or `multiplier` "
+            f"(got {', '.join(given) or 'none'})",
+        )
+        _finite_nonneg("rate_per_s", self.rate_per_s)
+        _finite_nonneg("add_rate_per_s", self.add_rate_per_s)
+        _finite_nonneg("multiplier", self.multiplier)
+        if self.every_s is not None:
+            _require(
+                self.every_s > self.duration_s,
+                f"`every_s` ({self.every_s}) must exceed `duration_s` ({self.duration_s}) "
+                "so that repeats do not overlap",
+            )
+
+
+class _Arrivals(_Spec, frozen=True, kw_only=True, tag_field="process"):
+    """An arrival process; the ``process`` key picks it."""
+
+
+class _RateArrivals(_Arrivals, frozen=True, kw_only=True):
+    bursts: list[Burst] = []
+    """Bursts layered on this process."""
+
+
+class Constant(_RateArrivals, frozen=True, kw_only=True, tag="constant"):
+    """Evenly spaced arrivals at ``rate_per_s``."""
+
+    rate_per_s: float
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("rate_per_s", self.rate_per_s)
+
+
+class PoissonArrivals(_RateArrivals, frozen=True, kw_only=True, tag="poisson"):
+    """Poisson arrivals at ``rate_per_s`` (exponential gaps, CV 1)."""
+
+    rate_per_s: float
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("rate_per_s", self.rate_per_s)
+
+
+class GammaArrivals(_RateArrivals, frozen=True, kw_only=True, tag="gamma"):
+    """Renewal arrivals with gamma gaps: ``cv`` > 1 is burstier than Poisson, < 1 smoother."""
+
+    rate_per_s: float
+    cv: float
+    """Coefficient of variation of the gaps (1 = Poisson)."""
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("rate_per_s", self.rate_per_s)
+        _positive("cv", self.cv)
+
+
+class OnOff(_RateArrivals, frozen=True, kw_only=True, tag="on_off"):
+    """Alternating on and off periods, as in bursty coding traffic.
+
+    During "on" periods arrivals come at ``on_rate_per_s``, during "off" periods at
+    ``off_rate_per_s`` (default 0). Period lengths are drawn from their distributions.
+    """
+
+    on_rate_per_s: float
+    off_rate_per_s: float = 0.0
+    on_s: Distribution
+    """Length of an on period, seconds."""
+    off_s: Distribution
+    """Length of an off period, seconds."""
+    cv: float = 1.0
+    """CV of the gaps inside a period (1 = Poisson, 0 = evenly spaced)."""
+    start_on: bool = True
+    """Whether the run starts in an on period."""
+
+    def __post_init__(self) -> None:
+        _check_bare("on_s", self.on_s)
+        _check_bare("off_s", self.off_s)
+        _finite_nonneg("on_rate_per_s", self.on_rate_per_s)
+        _finite_nonneg("off_rate_per_s", self.off_rate_per_s)
+        _finite_nonneg("cv", self.cv)
+
+
+class Step(_Spec, frozen=True, kw_only=True):
+    """One step of a piecewise-constant rate schedule."""
+
+    duration_s: float
+    rate_per_s: float
+
+    def __post_init__(self) -> None:
+        _positive("duration_s", self.duration_s)
+        _finite_nonneg("rate_per_s", self.rate_per_s)
+
+
+class Schedule(_RateArrivals, frozen=True, kw_only=True, tag="schedule"):
+    """A piecewise-constant rate schedule, such as seed 002's minute-by-minute rates."""
+
+    steps: list[Step]
+    cv: float = 1.0
+    """CV of the gaps within the schedule (1 = Poisson, 0 = evenly spaced)."""
+    repeat: bool = True
+    """Start over after the last step (otherwise the rate stays at the last step's)."""
+
+    def __post_init__(self) -> None:
+        _require(len(self.steps) > 0, "`steps` must not be empty")
+        _finite_nonneg("cv", self.cv)
+
+
+class Window(_Spec, frozen=True, kw_only=True):
+    """A time window of a trace, seconds from its first arrival."""
+
+    start_s: float = 0.0
+    end_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("start_s", self.start_s)
+        if self.end_s is not None:
+            _require(
+                self.end_s > self.start_s,
+                f"`end_s` ({self.end_s}) must be after `start_s` ({self.start_s})",
+            )
+
+
+class TraceReplay(_Arrivals, frozen=True, kw_only=True, tag="trace"):
+    """Replay a trace file with its own timestamps.
+
+    Each trace row is one call (a one-call task). Timestamps are cropped to ``window``,
+    shifted to start at 0, multiplied by ``time_scale``, then thinned or replicated to
+    ``rate_scale``. Quantised timestamps (Mooncake's 3 s ticks) follow ``tick_policy``.
+    """
+
+    path: str
+    """The trace file, relative to the workload file."""
+
+    format: Literal["auto", "azure", "mooncake", "generic"] = "auto"
+    """The trace format (``auto`` detects it from the name and first line)."""
+
+    time_scale: float = 1.0
+    """Multiply timestamps by this: 0.5 replays twice as fast."""
+
+    rate_scale: float = 1.0
+    """Keep this many requests per trace request: < 1 thins at random, > 1 replicates
+    (each copy is shifted by a random offset within the trace's median gap)."""
+
+    window: Window | None = None
+    """Replay only this window of the trace."""
+
+    tick_policy: Literal["auto", "literal", "spread"] = "auto"
+    """Quantised timestamps: ``literal`` fires each tick's requests at once, ``spread``
+    spreads them uniformly over the tick, ``auto`` spreads only when a tick is detected
+    (most gaps exactly 0 and the rest nearly constant)."""
+
+    lengths: Literal["trace", "class"] = "trace"
+    """Take token counts from the trace (default) or draw them from the class."""
+
+    def __post_init__(self) -> None:
+        _positive("time_scale", self.time_scale)
+        _positive("rate_scale", self.rate_scale)
+
+
+Arrivals = Constant | PoissonArrivals | GammaArrivals | OnOff | Schedule | TraceReplay
+"""An arrival process, picked by its ``process`` key."""
+
+
+# --------------------------------------------------------------------------------------
+# Classes, SLOs, sources, tenants, routes, clients, planning inputs
+# --------------------------------------------------------------------------------------
+
+
+class Slo(_Spec, frozen=True, kw_only=True):
+    """What a class was promised. A request meets its SLO when it meets every named bound."""
+
+    ttft_s: float | None = None
+    """Time to first token, from arrival at the measured boundary."""
+
+    tpot_s: float | None = None
+    """Time per output token after the first: (e2e − TTFT) / (output tokens − 1)."""
+
+    e2e_s: float | None = None
+    """End-to-end latency of one call."""
+
+    task_deadline_s: float | None = None
+    """Deadline of the whole task (all its calls, branches and tool calls)."""
+
+    attainment_target: float = 0.9
+    """The fraction of requests that must meet the SLO; the knee is where this breaks."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "e2e_s", "task_deadline_s"):
+            _positive(name, getattr(self, name))
+        _require(
+            0 < self.attainment_target <= 1,
+            f"`attainment_target` must be in (0, 1] (got {self.attainment_target}); "
+            "write 0.9 for 90%",
+        )
+
+
+class TaskClass(_Spec, frozen=True, kw_only=True):
+    """A kind of task: how many calls it makes, how big they are, what it was promised."""
+
+    calls: Distribution = 1.0
+    """Generation calls per task, made one after another. A fractional number is a mean
+    (7.5 gives 7 or 8 calls); a distribution is rounded to whole calls, at least 1."""
+
+    parallel_branches: int = 1
+    """Each call step fans out to this many parallel calls (1 = strictly sequential)."""
+
+    branch_join: Literal["all", "first"] = "all"
+    """A step with branches waits for ``all`` of them, or takes the ``first`` to finish
+    and cancels the others."""
+
+    tools_per_call: Distribution = 0.0
+    """Tool calls after each generation call (except the last), sequential."""
+
+    tool_latency_s: Distribution = 0.0
+    """Latency of one tool call, seconds."""
+
+    input_tokens: Distribution = 1000.0
+    """Prompt tokens per call."""
+
+    output_tokens: Distribution = 200.0
+    """Generated tokens per call."""
+
+    joint_tokens: JointTokens | None = None
+    """Draw input and output tokens together (overrides ``input_tokens``/``output_tokens``)."""
+
+    max_tokens: int | None = None
+    """The ``max_tokens`` each call sends (None: calls send none, and admission uses the
+    class's p95 output instead)."""
+
+    priority: Priority = "interactive"
+    """The priority band of the class's calls."""
+
+    route: str | None = None
+    """The route its calls go to (default: the first route)."""
+
+    slo: Slo = Slo()
+    """What the class was promised."""
+
+    retry_multiplier: float = 1.0
+    """Planning only: measured calls per call including retries and fallbacks (seed 002's
+    1.15). The simulator models retries from ``clients.retries`` instead."""
+
+    mean_residence_s: float | None = None
+    """Planning only: measured mean time a task spends in the system, for Little's law."""
+
+    mean_call_s: float | None = None
+    """Planning only: measured mean time a call spends in the system, for Little's law."""
+
+    idempotent: bool = True
+    """Whether a call may be retried safely (a refund is not)."""
+
+    def __post_init__(self) -> None:
+        for name in ("calls", "tools_per_call", "tool_latency_s", "input_tokens", "output_tokens"):
+            _check_bare(name, getattr(self, name))
+        _require(
+            1 <= self.parallel_branches <= 64,
+            f"`parallel_branches` must be between 1 and 64 (got {self.parallel_branches})",
+        )
+        _require(
+            math.isfinite(self.retry_multiplier) and self.retry_multiplier >= 1,
+            f"`retry_multiplier` must be >= 1 (got {self.retry_multiplier}); "
+            "1.15 means 15% extra calls from retries and fallbacks",
+        )
+        _positive("max_tokens", self.max_tokens)
+        _positive("mean_residence_s", self.mean_residence_s)
+        _positive("mean_call_s", self.mean_call_s)
+
+
+class Source(_Spec, frozen=True, kw_only=True):
+    """A stream of task arrivals with its class mix."""
+
+    name: str
+    """A unique name for reports."""
+
+    arrivals: Arrivals
+    """The arrival process of tasks."""
+
+    mix: dict[str, float] | None = None
+    """Share of each class in this source's tasks (normalised; default: one class, which
+    must then be the only class)."""
+
+    tenants: dict[str, float] | None = None
+    """Share of each tenant in this source (normalised; default: the tenants' ``share``)."""
+
+    busy_rate_per_s: float | None = None
+    """Planning only: the busy-period task rate (default: the process's mean rate)."""
+
+    peak_rate_per_s: float | None = None
+    """Planning only: the peak task rate (default: the process's highest rate)."""
+
+    capacity_per_s: float | None = None
+    """Planning only: tasks per second the system completes for this source, for the fluid
+    burst model (default: from the route's ``requests_per_s``, else from sized replicas)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "`name` must not be empty")
+        _positive("busy_rate_per_s", self.busy_rate_per_s)
+        _positive("peak_rate_per_s", self.peak_rate_per_s)
+        _positive("capacity_per_s", self.capacity_per_s)
+        for label, shares in (("mix", self.mix), ("tenants", self.tenants)):
+            if shares is not None:
+                _require(len(shares) > 0, f"`{label}` must not be empty")
+                _require(
+                    all(math.isfinite(v) and v >= 0 for v in shares.values())
+                    and sum(shares.values()) > 0,
+                    f"`{label}` shares must be >= 0 with a positive sum",
+                )
+
+
+class Tenant(_Spec, frozen=True, kw_only=True):
+    """A customer or workload owner."""
+
+    share: float = 1.0
+    """Share of traffic (normalised across tenants) when a source names no tenants."""
+
+    weight: float = 1.0
+    """Fairness weight: a tenant with weight 2 is owed twice the token service of weight 1."""
+
+    max_priority: Priority = "interactive"
+    """The most important priority this tenant's requests may ask for."""
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("share", self.share)
+        _positive("weight", self.weight)
+
+
+class ReplicaCapacity(_Spec, frozen=True, kw_only=True):
+    """Measured capacity of one replica of a route at its SLO, for the analytic plan."""
+
+    output_tokens_per_s: float | None = None
+    """Output (decode) tokens per second one replica sustains within the SLO."""
+
+    input_tokens_per_s: float | None = None
+    """Input (prefill) tokens per second one replica sustains within the SLO."""
+
+    price_per_hour: float | None = None
+    """What one replica costs per hour, for cost per successful task."""
+
+    def __post_init__(self) -> None:
+        _positive("output_tokens_per_s", self.output_tokens_per_s)
+        _positive("input_tokens_per_s", self.input_tokens_per_s)
+        _finite_nonneg("price_per_hour", self.price_per_hour)
+
+
+class Route(_Spec, frozen=True, kw_only=True):
+    """A model route: where calls go, what it can carry, and what may stand in for it."""
+
+    model: str | None = None
+    """The model served (a catalog name such as ``llama-3-8b``)."""
+
+    revision: str | None = None
+    """The model revision; requests pinned to it only reach matching replicas."""
+
+    replica: ReplicaCapacity | None = None
+    """Measured per-replica capacity, for replica sizing."""
+
+    requests_per_s: float | None = None
+    """Effective capacity of the whole route in requests per second at SLO, for the
+    queueing models."""
+
+    servers: int = 1
+    """Servers behind ``requests_per_s`` for the M/M/c model (each serves
+    ``requests_per_s / servers``)."""
+
+    service_time_cv: float = 1.0
+    """CV of the service time for the M/G/1 model (1 = exponential)."""
+
+    fallback: str | None = None
+    """A route that may take this route's calls when it cannot."""
+
+    data_policy: str = "default"
+    """Data-handling class; a fallback must have the same one."""
+
+    quality_class: str = "default"
+    """Evaluated quality class; a fallback must have the same one."""
+
+    def __post_init__(self) -> None:
+        _positive("requests_per_s", self.requests_per_s)
+        _require(self.servers >= 1, f"`servers` must be >= 1 (got {self.servers})")
+        _finite_nonneg("service_time_cv", self.service_time_cv)
+
+
+class Retries(_Spec, frozen=True, kw_only=True):
+    """How a client retries a failed or refused call."""
+
+    max_attempts: int = 1
+    """Attempts in all, including the first (1 = never retry)."""
+
+    backoff_base_s: float = 0.5
+    """First backoff; it doubles on each further attempt."""
+
+    backoff_max_s: float = 30.0
+    """Upper bound of one backoff."""
+
+    jitter: Literal["full", "equal", "none"] = "full"
+    """``full``: wait uniform(0, backoff); ``equal``: backoff/2 + uniform(0, backoff/2)."""
+
+    honour_retry_after: bool = True
+    """Wait at least the server's ``Retry-After`` when it sends one."""
+
+    def __post_init__(self) -> None:
+        _require(
+            1 <= self.max_attempts <= 100,
+            f"`max_attempts` must be between 1 and 100 (got {self.max_attempts})",
+        )
+        _finite_nonneg("backoff_base_s", self.backoff_base_s)
+        _finite_nonneg("backoff_max_s", self.backoff_max_s)
+
+
+class Clients(_Spec, frozen=True, kw_only=True):
+    """How the people and programs behind a source behave while they wait."""
+
+    retries: Retries = Retries()
+
+    patience_s: Distribution | None = None
+    """How long a client waits for the first token before giving up (cancelling)."""
+
+    duplicate_after_s: float | None = None
+    """A client still waiting this long may submit the same task again (seed 000)."""
+
+    duplicate_probability: float = 0.0
+    """The chance that a client waiting past ``duplicate_after_s`` resubmits."""
+
+    def __post_init__(self) -> None:
+        _check_bare("patience_s", self.patience_s)
+        _positive("duplicate_after_s", self.duplicate_after_s)
+        _require(
+            0 <= self.duplicate_probability <= 1,
+            f"`duplicate_probability` must be in [0, 1] (got {self.duplicate_probability})",
+        )
+
+
+class Autoscaling(_Spec, frozen=True, kw_only=True):
+    """How fast capacity can be added, for the autoscaling check."""
+
+    detection_s: float = 30.0
+    """Time to notice overload."""
+
+    startup_s: float = 120.0
+    """Time for a new replica to become ready (model load, compilation, warm-up)."""
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("detection_s", self.detection_s)
+        _finite_nonneg("startup_s", self.startup_s)
+
+
+class Planning(_Spec, frozen=True, kw_only=True):
+    """Inputs of the analytic plan that are not part of the traffic."""
+
+    planning_factor: float = 0.7
+    """Plan each replica at this fraction of its measured capacity (headroom is a latency
+    feature; 0.7 is seed 000's provisional choice, not a universal optimum)."""
+
+    failures_tolerated: int = 0
+    """Replicas that may be lost while the rest still hold the peak."""
+
+    autoscaling: Autoscaling | None = None
+    """Add the autoscaling check."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0 < self.planning_factor <= 1,
+            f"`planning_factor` must be in (0, 1] (got {self.planning_factor}); write 0.7 for 70%",
+        )
+        _require(
+            self.failures_tolerated >= 0,
+            f"`failures_tolerated` must be >= 0 (got {self.failures_tolerated})",
+        )
+
+
+class WorkloadSpec(_Spec, frozen=True, kw_only=True):
+    """A whole workload file."""
+
+    name: str
+    """A short name for reports."""
+
+    version: int = FORMAT_VERSION
+    """The format version (currently 1)."""
+
+    description: str = ""
+
+    seed: int = 0
+    """The run seed: every random stream derives from it."""
+
+    duration_s: float = 600.0
+    """How long a compiled run lasts (trace replays: at most this long)."""
+
+    classes: dict[str, TaskClass]
+    sources: list[Source]
+    tenants: dict[str, Tenant] = msgspec.field(default_factory=lambda: {"default": Tenant()})
+    routes: dict[str, Route] = msgspec.field(default_factory=lambda: {"default": Route()})
+    clients: Clients = Clients()
+    planning: Planning = Planning()
+
+    def __post_init__(self) -> None:
+        _require(
+            self.version == FORMAT_VERSION,
+            f"`version` {self.version} is not supported; this headway reads version "
+            f"{FORMAT_VERSION}",
+        )
+        _require(self.seed >= 0, f"`seed` must be >= 0 (got {self.seed})")
+        _positive("duration_s", self.duration_s)
+        _require(len(self.classes) > 0, "`classes` must define at least one class")
+        _require(len(self.sources) > 0, "`sources` must define at least one source")
+        _require(len(self.tenants) > 0, "`tenants` must define at least one tenant")
+        _require(len(self.routes) > 0, "`routes` must define at least one route")

@@ -1,0 +1,82 @@
+"""Checks that span sections of a workload (references by name, shares, priorities)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from headway.core.errors import WorkloadError
+from headway.core.workload.spec import WorkloadSpec
+
+
+def _unknown(kind: str, name: str, known: Iterable[str], path: str, fix: str) -> WorkloadError:
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean `{close[0]}`? " if close else ""
+    return WorkloadError(
+        f"{path}: unknown {kind} `{name}`; {hint}known {kind}s: {', '.join(names)}. {fix}",
+        path=path,
+    )
+
+
+def validate_workload(spec: WorkloadSpec) -> WorkloadSpec:
+    """Raise :class:`WorkloadError` for broken references between sections.
+
+    Returns ``spec`` unchanged so calls can be chained.
+    """
+    seen_sources: set[str] = set()
+    for i, source in enumerate(spec.sources):
+        path = f"$.sources[{i}]"
+        if source.name in seen_sources:
+            raise WorkloadError(
+                f"{path}.name: source name `{source.name}` is used twice; give each source "
+                "a unique name",
+                path=f"{path}.name",
+            )
+        seen_sources.add(source.name)
+        if source.mix is None:
+            if len(spec.classes) != 1:
+                raise WorkloadError(
+                    f"{path}.mix: missing; with {len(spec.classes)} classes each source needs "
+                    f"a `mix` such as {{{', '.join(f'{c}: 0.5' for c in list(spec.classes)[:2])}}}",
+                    path=f"{path}.mix",
+                )
+        else:
+            for ref in source.mix:
+                if ref not in spec.classes:
+                    raise _unknown(
+                        "class",
+                        ref,
+                        spec.classes,
+                        f"{path}.mix.{ref}",
+                        "Define it under `classes`.",
+                    )
+        for tenant in source.tenants or {}:
+            if tenant not in spec.tenants:
+                raise _unknown(
+                    "tenant",
+                    tenant,
+                    spec.tenants,
+                    f"{path}.tenants.{tenant}",
+                    "Define it under `tenants`.",
+                )
+    if sum(t.share for t in spec.tenants.values()) <= 0:
+        raise WorkloadError(
+            "$.tenants: every tenant has share 0; give at least one a positive `share`",
+            path="$.tenants",
+        )
+    for cls_name, cls in spec.classes.items():
+        path = f"$.classes.{cls_name}"
+        if cls.route is not None and cls.route not in spec.routes:
+            raise _unknown(
+                "route", cls.route, spec.routes, f"{path}.route", "Define it under `routes`."
+            )
+    for name, route in spec.routes.items():
+        if route.fallback is None:
+            continue
+        path = f"$.routes.{name}.fallback"
+        if route.fallback not in spec.routes:
+            raise _unknown("route", route.fallback, spec.routes, path, "Define it under `routes`.")
+        if route.fallback == name:
+            raise WorkloadError(f"{path}: a route cannot fall back to itself", path=path)
+    return spec

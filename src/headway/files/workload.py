@@ -1,0 +1,349 @@
+"""Read and write workload files (YAML), with errors that name the key path and the fix.
+
+Loading also reads every trace file the workload refers to (replayed sources, empirical
+distributions taken from a trace), relative to the workload file, so that the core never
+touches a file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import yaml
+
+from headway.core.errors import WorkloadError
+from headway.core.trace_data import TraceData
+from headway.core.workload import spec as spec_types
+from headway.core.workload.spec import (
+    Empirical,
+    JointTokens,
+    TaskClass,
+    TraceReplay,
+    WorkloadSpec,
+)
+from headway.core.workload.validate import validate_workload
+from headway.trace.readers import read_trace
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedWorkload:
+    """A workload spec with the trace files it refers to, already read."""
+
+    spec: WorkloadSpec
+    path: Path | None
+    traces: dict[str, TraceData] = field(default_factory=dict)
+
+
+def _all_field_names() -> set[str]:
+    names: set[str] = set()
+    for obj in vars(spec_types).values():
+        if isinstance(obj, type) and issubclass(obj, msgspec.Struct):
+            names.update(obj.__struct_fields__)
+    return names
+
+
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
+_MISSING = re.compile(r"Object missing required field `(?P<key>[^`]+)`")
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]+)`)?$", re.S)
+
+
+def _fields_at(path: str, data: Any) -> set[str] | None:
+    """The field names of the struct found at ``path`` in ``data``, following the types."""
+    if data is None:
+        return None
+    node_type: Any = msgspec.inspect.type_info(WorkloadSpec)
+    node: Any = data
+    parts = re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[1:])
+    for key, index in [*parts, ("", "")]:
+        node_type = _pick_struct(node_type, node)
+        if not key and not index:
+            break
+        if isinstance(node_type, msgspec.inspect.StructType) and key:
+            fields = {f.encode_name: f.type for f in node_type.fields}
+            if key not in fields:
+                return None
+            node_type, node = fields[key], node.get(key) if isinstance(node, dict) else None
+        elif isinstance(node_type, msgspec.inspect.DictType) and key:
+            node_type, node = (
+                node_type.value_type,
+                node.get(key) if isinstance(node, dict) else None,
+            )
+        elif isinstance(node_type, msgspec.inspect.ListType) and index:
+            i = int(index)
+            node_type = node_type.item_type
+            node = node[i] if isinstance(node, list) and i < len(node) else None
+        else:
+            return None
+    if isinstance(node_type, msgspec.inspect.StructType):
+        return {f.encode_name for f in node_type.fields}
+    return None
+
+
+def _pick_struct(node_type: Any, node: Any) -> Any:
+    """Resolve a union (``X | None`` or a tagged union) against the data found there."""
+    if not isinstance(node_type, msgspec.inspect.UnionType):
+        return node_type
+    structs = [t for t in node_type.types if isinstance(t, msgspec.inspect.StructType)]
+    for struct in structs:
+        tag_field = struct.tag_field
+        if tag_field is None or (isinstance(node, dict) and node.get(tag_field) == struct.tag):
+            return struct
+    return node_type
+
+
+def explain_validation_error(
+    error: msgspec.ValidationError, source: str, data: Any = None
+) -> WorkloadError:
+    """Turn a msgspec error into a :class:`WorkloadError` with the path first and a fix."""
+    match = _AT.match(str(error))
+    message = match.group("msg") if match else str(error)
+    path = (match.group("path") if match else None) or "$"
+    hint = ""
+    unknown = _UNKNOWN.search(message)
+    if unknown:
+        key = unknown.group("key")
+        known = _fields_at(path, data) or _all_field_names()
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.5)
+        message = f"unknown key `{key}`"
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        hint += "See docs/workload.md for the keys each section accepts."
+        path = f"{path}.{key}" if path != "$" else f"$.{key}"
+    elif _MISSING.search(message):
+        key = _MISSING.search(message).group("key")  # type: ignore[union-attr]
+        message = f"required key `{key}` is missing"
+        hint = "Add it (see docs/workload.md)."
+    elif message.startswith("Invalid value") and path.endswith((".dist", ".process")):
+        kind = "dist" if path.endswith(".dist") else "process"
+        options = _tag_options(kind)
+        hint = f"Use one of: {', '.join(options)}."
+    elif message.startswith("Expected"):
+        hint = "Fix the value's type (numbers without quotes; see docs/workload.md)."
+    text = f"{source}: {path}: {message}" + (f". {hint}" if hint else "")
+    return WorkloadError(text, path=path)
+
+
+def _tag_options(kind: str) -> list[str]:
+    field_name = "dist" if kind == "dist" else "process"
+    out = []
+    for obj in vars(spec_types).values():
+        if isinstance(obj, type) and issubclass(obj, msgspec.Struct):
+            cfg = obj.__struct_config__
+            if cfg.tag_field == field_name and isinstance(cfg.tag, str):
+                out.append(cfg.tag)
+    return sorted(set(out))
+
+
+def parse_workload(data: Any, source: str = "<workload>") -> WorkloadSpec:
+    """Validate already-parsed data (a dict) as a workload; raises :class:`WorkloadError`."""
+    if not isinstance(data, dict):
+        raise WorkloadError(
+            f"{source}: $: a workload must be a mapping with keys such as `name`, `classes` "
+            f"and `sources` (got {type(data).__name__})"
+        )
+    _check_named_sections(data, source)
+    try:
+        spec = msgspec.convert(data, WorkloadSpec)
+    except msgspec.ValidationError as error:
+        raise explain_validation_error(_name_dict_keys(error, data), source, data) from None
+    try:
+        return validate_workload(spec)
+    except WorkloadError as error:
+        raise WorkloadError(f"{source}: {error}", path=error.path) from None
+
+
+_NAMED_SECTIONS: dict[str, type[msgspec.Struct]] = {
+    "classes": TaskClass,
+    "tenants": spec_types.Tenant,
+    "routes": spec_types.Route,
+}
+
+
+def _check_named_sections(data: dict[str, Any], source: str) -> None:
+    """Validate each entry of the name-keyed sections on its own, so errors name the entry.
+
+    msgspec reports a path inside a dict value as ``$.classes[...]``; checking entries one
+    by one lets the message say ``$.classes.chat`` instead.
+    """
+    for section, kind in _NAMED_SECTIONS.items():
+        entries = data.get(section)
+        if not isinstance(entries, dict):
+            continue
+        for key, value in entries.items():
+            try:
+                msgspec.convert(value, kind)
+            except msgspec.ValidationError as error:
+                prefix = f"$.{section}.{key}"
+                text = str(error).replace("`$", f"`{prefix}", 1)
+                if " - at `" not in text:
+                    text = f"{text} - at `{prefix}`"
+                raise explain_validation_error(
+                    msgspec.ValidationError(text), source, data
+                ) from None
+
+
+def _name_dict_keys(error: msgspec.ValidationError, data: Any) -> msgspec.ValidationError:
+    """Replace ``[...]`` (a dict key msgspec does not name) with the offending key."""
+    match = _AT.match(str(error))
+    path = match.group("path") if match else None
+    if not path or "[...]" not in path:
+        return error
+    node: Any = data
+    resolved = "$"
+    for part in re.findall(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]", path[1:]):
+        key, index = part
+        if key:
+            node = node.get(key) if isinstance(node, dict) else None
+            resolved += f".{key}"
+        elif index == "...":
+            bad = (
+                next(
+                    (k for k, v in (node or {}).items() if not isinstance(v, int | float) or v < 0),
+                    None,
+                )
+                if isinstance(node, dict)
+                else None
+            )
+            if bad is None:
+                return error
+            node = node[bad]
+            resolved += f".{bad}"
+        else:
+            node = node[int(index)] if isinstance(node, list) and int(index) < len(node) else None
+            resolved += f"[{index}]"
+    return msgspec.ValidationError(f"{match.group('msg') if match else error} - at `{resolved}`")
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; syntax errors name the line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: no such file; check the path") from None
+    except UnicodeDecodeError as error:
+        raise WorkloadError(
+            f"{path}: not UTF-8 text (byte {error.start}); save the file as UTF-8"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        raise WorkloadError(f"{path}: YAML syntax error at {where}: {error.problem}") from None
+    except yaml.YAMLError as error:
+        raise WorkloadError(f"{path}: YAML error: {error}") from None
+
+
+def load_workload(path: str | Path) -> LoadedWorkload:
+    """Read a workload file and the traces it refers to."""
+    path = Path(path)
+    spec = parse_workload(read_yaml(path), str(path))
+    return resolve_traces(spec, path.parent, str(path))
+
+
+def resolve_traces(spec: WorkloadSpec, base_dir: Path, source: str) -> LoadedWorkload:
+    """Read the traces ``spec`` refers to (relative to ``base_dir``) and inline the
+    empirical distributions taken from traces."""
+    cache: dict[str, TraceData] = {}
+
+    def get(rel: str, fmt: str = "auto") -> TraceData:
+        if rel not in cache:
+            target = Path(rel) if Path(rel).is_absolute() else base_dir / rel
+            if not target.exists():
+                raise WorkloadError(
+                    f"{source}: trace file {rel!r} not found (looked in {target}); paths are "
+                    "relative to the workload file"
+                )
+            cache[rel] = read_trace(target, fmt)
+        return cache[rel]
+
+    traces: dict[str, TraceData] = {}
+    for src in spec.sources:
+        if isinstance(src.arrivals, TraceReplay):
+            traces[src.arrivals.path] = get(src.arrivals.path, src.arrivals.format)
+    classes = {name: _inline_class(cls, get) for name, cls in spec.classes.items()}
+    if classes != spec.classes:
+        spec = msgspec.structs.replace(spec, classes=classes)
+    return LoadedWorkload(
+        spec=spec, path=None if source.startswith("<") else Path(source), traces=traces
+    )
+
+
+def _inline_class(cls: TaskClass, get: Any) -> TaskClass:
+    changes: dict[str, Any] = {}
+    for name in ("input_tokens", "output_tokens"):
+        dist = getattr(cls, name)
+        if isinstance(dist, Empirical) and dist.trace is not None:
+            trace = get(dist.trace)
+            values = getattr(trace, dist.field).astype(np.float64).tolist()
+            changes[name] = msgspec.structs.replace(dist, trace=None, values=values)
+    joint = cls.joint_tokens
+    if isinstance(joint, JointTokens) and joint.trace is not None:
+        trace = get(joint.trace)
+        pairs = list(zip(trace.input_tokens.tolist(), trace.output_tokens.tolist(), strict=True))
+        changes["joint_tokens"] = msgspec.structs.replace(joint, trace=None, pairs=pairs)
+    return msgspec.structs.replace(cls, **changes) if changes else cls
+
+
+class _CompactDumper(yaml.SafeDumper):
+    """Writes lists of plain numbers or strings on one line (``[374, 44]``)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any] | tuple[Any, ...]) -> yaml.Node:
+    scalar = all(isinstance(x, int | float | str | bool) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", list(data), flow_style=scalar)
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.Node:
+    scalar = len(data) <= 4 and all(isinstance(v, int | float | str | bool) for v in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=scalar or None)
+
+
+_CompactDumper.add_representer(list, _represent_list)
+_CompactDumper.add_representer(dict, _represent_dict)
+_CompactDumper.add_representer(tuple, _represent_list)
+
+
+def dump_workload(spec: WorkloadSpec) -> str:
+    """The YAML text of a workload (defaults left out, so files stay short)."""
+    data = msgspec.to_builtins(spec, order="deterministic")
+    text: str = yaml.dump(
+        _drop_defaults(spec, data), Dumper=_CompactDumper, sort_keys=False, width=100
+    )
+    return text
+
+
+def _drop_defaults(obj: Any, data: Any) -> Any:
+    """Recursively remove keys whose value equals the field default."""
+    if isinstance(obj, msgspec.Struct) and isinstance(data, dict):
+        out = {}
+        info = msgspec.inspect.type_info(type(obj))
+        defaults = {
+            f.encode_name: f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+            for f in getattr(info, "fields", ())
+            if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT
+        }
+        for key, value in data.items():
+            attr = getattr(obj, key, None)
+            if key in defaults and attr == defaults[key]:
+                continue
+            out[key] = _drop_defaults(attr, value)
+        return out
+    if isinstance(obj, dict) and isinstance(data, dict):
+        return {k: _drop_defaults(obj.get(k), v) for k, v in data.items()}
+    if isinstance(obj, list) and isinstance(data, list):
+        return [_drop_defaults(o, d) for o, d in zip(obj, data, strict=True)]
+    return data
+
+
+def workload_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the workload format, generated from the types."""
+    schema: dict[str, Any] = msgspec.json.schema(WorkloadSpec)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "headway workload"
+    return schema

@@ -1,0 +1,1 @@
+"""Capacity planning: the analytic plan now; simulated sweeps build on it."""

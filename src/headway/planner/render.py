@@ -1,0 +1,141 @@
+"""Render an analytic plan: a readable terminal report (rich) and rounded JSON."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from headway.planner.analytic import AnalyticPlan, Period
+
+
+def _round(value: Any, digits: int = 10) -> Any:
+    """Round floats to ``digits`` significant digits, recursively (13.799999999999999 → 13.8)."""
+    if isinstance(value, float):
+        if value == 0 or not math.isfinite(value):
+            return value
+        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+    if isinstance(value, dict):
+        return {k: _round(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_round(v, digits) for v in value]
+    return value
+
+
+def plan_to_builtins(plan: msgspec.Struct) -> Any:
+    """The plan as JSON-ready builtins, floats rounded to 10 significant digits."""
+    return _round(msgspec.to_builtins(plan))
+
+
+def plan_to_json(plan: msgspec.Struct) -> str:
+    """The plan as indented JSON text."""
+    data = plan_to_builtins(plan)
+    return msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n"
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if not math.isfinite(value):
+        return "∞"
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
+    return f"{text}{unit}"
+
+
+def _period_table(periods: list[Period]) -> Table:
+    table = Table(title="Demand", title_justify="left", show_edge=False)
+    table.add_column("")
+    for p in periods:
+        table.add_column(p.name, justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("tasks/s", [_fmt(p.tasks_per_s) for p in periods]),
+        ("calls per task", [_fmt(p.calls_per_task) for p in periods]),
+        ("calls/s", [_fmt(p.calls_per_s) for p in periods]),
+        ("input tokens/s", [_fmt(p.input_tokens_per_s) for p in periods]),
+        ("output tokens/s", [_fmt(p.output_tokens_per_s) for p in periods]),
+        ("tasks in flight (L = λW)", [_fmt(p.little.tasks_in_flight) for p in periods]),
+        ("calls in flight (L = λW)", [_fmt(p.little.calls_in_flight) for p in periods]),
+        ("cost per task", [_fmt(p.cost_per_task, digits=3) for p in periods]),
+    ]
+    for label, values in rows:
+        table.add_row(label, *values)
+    return table
+
+
+def _route_table(periods: list[Period]) -> Table:
+    table = Table(title="Routes", title_justify="left", show_edge=False)
+    for col in (
+        "period",
+        "route",
+        "calls/s",
+        "out tok/s",
+        "replicas",
+        "+failover",
+        "limit",
+        "util.",
+        "M/M/1 mean",
+        "M/M/1 p95",
+    ):
+        table.add_column(col, justify="left" if col in ("period", "route", "limit") else "right")
+    for p in periods:
+        for r in p.routes:
+            q = r.queueing[0] if r.queueing else None
+            s = r.sizing
+            table.add_row(
+                p.name,
+                r.route,
+                _fmt(r.calls_per_s),
+                _fmt(r.output_tokens_per_s),
+                str(s.replicas) if s else "—",
+                str(s.replicas_with_failover) if s else "—",
+                s.limiting_phase if s else "—",
+                _fmt(q.utilization) if q else "—",
+                _fmt(q.mean_s, " s") if q else "—",
+                _fmt(q.p95_s, " s") if q else "—",
+            )
+    return table
+
+
+def render_terminal(plan: AnalyticPlan, console: Console) -> None:
+    """Print the plan as tables and plain-word findings."""
+    parts: list[Any] = [_period_table(plan.periods), Text(""), _route_table(plan.periods)]
+    if plan.bursts:
+        bursts = Table(title="Bursts (fluid model)", title_justify="left", show_edge=False)
+        for col in ("source", "at", "rate", "capacity", "backlog", "drain"):
+            bursts.add_column(col, justify="left" if col == "source" else "right")
+        for b in plan.bursts[:8]:
+            bursts.add_row(
+                b.source,
+                _fmt(b.start_s, " s"),
+                _fmt(b.peak_rate_per_s, "/s"),
+                _fmt(b.capacity_per_s, "/s"),
+                f"{_fmt(b.backlog)} {b.unit}",
+                _fmt(b.drain_s, " s") if b.drained else "never clears",
+            )
+        parts += [Text(""), bursts]
+    for table in plan.knee:
+        knee = Table(
+            title=f"Utilization knee: {table.route} ({_fmt(table.capacity_per_s)}/s)",
+            title_justify="left",
+            show_edge=False,
+        )
+        for col in ("utilization", "arrivals/s", "mean", "p95", "p99"):
+            knee.add_column(col, justify="right")
+        for row in table.rows:
+            knee.add_row(
+                f"{row.utilization:.0%}",
+                _fmt(row.arrival_per_s),
+                _fmt(row.mm1_mean_s, " s"),
+                _fmt(row.mm1_p95_s, " s"),
+                _fmt(row.mm1_p99_s, " s"),
+            )
+        parts += [Text(""), knee]
+    findings = [a.note for a in plan.autoscaling if a.can_rescue is False][:2] + plan.notes
+    if findings:
+        parts += [Text(""), Text("\n".join(f"• {f}" for f in findings))]
+    console.print(Panel(Group(*parts), title=f"headway plan: {plan.workload} (analytic)"))

@@ -1,0 +1,1 @@
+"""Reports rendered from result JSON: self-contained HTML (inline CSS and SVG, no network)."""

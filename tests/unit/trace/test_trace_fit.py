@@ -1,0 +1,102 @@
+"""`headway trace fit` writes a workload whose compiled runs look like the trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from headway.cli import main
+from headway.core.trace_data import TraceData
+from headway.core.workload.compile import compile_workload
+from headway.files.workload import load_workload
+from headway.trace.readers import read_trace
+from headway.trace.stats import trace_stats
+
+TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
+
+
+def _traces() -> Path:
+    import os
+
+    if not TRACES.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{TRACES} is missing")
+        pytest.skip(f"{TRACES} is missing")
+    return TRACES
+
+
+def _as_trace(path: Path) -> TraceData:
+    loaded = load_workload(path)
+    run = compile_workload(loaded.spec, traces=loaded.traces)
+    return TraceData(
+        name="compiled",
+        kind="generic",
+        arrival_s=run.task_arrival_s - run.task_arrival_s[0],
+        input_tokens=run.call_input_tokens,
+        output_tokens=run.call_output_tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    "file",
+    [
+        "azure_llm_2023_conv.csv.gz",
+        "azure_llm_2023_code.csv.gz",
+        "mooncake_fast25_synthetic_trace.jsonl.gz",
+    ],
+)
+def test_fitted_workload_reproduces_trace_statistics(
+    file: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _traces() / file
+    out = tmp_path / "fit.yaml"
+    assert main(["trace", "fit", str(source), "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    want = trace_stats(read_trace(source))
+    got = trace_stats(_as_trace(out))
+    assert got["n_requests"] == pytest.approx(want["n_requests"], rel=0.05)
+    assert got["peak_rate_60s_rps"] == pytest.approx(want["peak_rate_60s_rps"], rel=0.15)
+    # Burstiness at 60 s comes from the schedule; at 1 s from the fitted gap CV.
+    assert got["index_of_dispersion_60s"] == pytest.approx(
+        want["index_of_dispersion_60s"], rel=0.35
+    )
+    assert got["iat_cv"] == pytest.approx(want["iat_cv"], rel=0.35)
+    for key in ("input_tokens", "output_tokens"):
+        assert got[key]["mean"] == pytest.approx(want[key]["mean"], rel=0.06), key
+    # Whole distributions, not single percentiles: Azure conv's inputs jump from 2,401 to
+    # 4,073 tokens between p88 and p92, so one percentile can move a lot for a tiny change.
+    original, compiled = read_trace(source), _as_trace(out)
+    for column in ("input_tokens", "output_tokens"):
+        ks = stats.ks_2samp(getattr(original, column), getattr(compiled, column)).statistic
+        assert ks < 0.04, (column, ks)
+    assert got["corr_in_out_spearman"] == pytest.approx(want["corr_in_out_spearman"], abs=0.05)
+
+
+def test_fit_keeps_negative_correlation_of_mooncake_synthetic(tmp_path: Path) -> None:
+    source = _traces() / "mooncake_fast25_synthetic_trace.jsonl.gz"
+    out = tmp_path / "fit.yaml"
+    assert main(["trace", "fit", str(source), "-o", str(out), "--max-pairs", "2000"]) == 0
+    got = trace_stats(_as_trace(out))
+    assert got["corr_in_out_spearman"] < -0.4  # the trace has -0.52
+
+
+def test_fit_per_minute_profile_follows_trace(tmp_path: Path) -> None:
+    source = _traces() / "azure_llm_2023_conv.csv.gz"
+    out = tmp_path / "fit.yaml"
+    assert main(["trace", "fit", str(source), "-o", str(out)]) == 0
+    trace = read_trace(source)
+    compiled = _as_trace(out)
+    bins = np.arange(0, 3480, 60.0)
+    a, _ = np.histogram(trace.arrival_s, bins)
+    b, _ = np.histogram(compiled.arrival_s, bins)
+    assert np.corrcoef(a, b)[0, 1] > 0.9
+
+
+def test_fit_rejects_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = _traces() / "azure_llm_2023_conv.csv.gz"
+    assert main(["trace", "fit", str(source), "-o", str(tmp_path / "x.yaml"), "--bin-s", "0"]) == 2
+    assert "--bin-s must be > 0" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()

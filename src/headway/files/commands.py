@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from headway.core.workload.compile import compile_workload
-from headway.files.workload import load_workload, workload_json_schema
+from headway.files.reference import workload_json_schema
+from headway.files.workload import load_workload
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

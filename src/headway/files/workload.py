@@ -339,11 +339,3 @@ def _drop_defaults(obj: Any, data: Any) -> Any:
     if isinstance(obj, list) and isinstance(data, list):
         return [_drop_defaults(o, d) for o, d in zip(obj, data, strict=True)]
     return data
-
-
-def workload_json_schema() -> dict[str, Any]:
-    """The JSON Schema of the workload format, generated from the types."""
-    schema: dict[str, Any] = msgspec.json.schema(WorkloadSpec)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "headway workload"
-    return schema

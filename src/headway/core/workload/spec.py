@@ -89,6 +89,7 @@ class Fixed(_Dist, frozen=True, kw_only=True, tag="fixed"):
     """Always ``value``. A bare number in a file means the same."""
 
     value: float
+    """The value."""
 
     def __post_init__(self) -> None:
         _finite_nonneg("value", self.value)
@@ -99,7 +100,9 @@ class Lognormal(_Dist, frozen=True, kw_only=True, tag="lognormal"):
     """Lognormal with the given mean and coefficient of variation (std / mean)."""
 
     mean: float
+    """The mean."""
     cv: float
+    """Coefficient of variation: standard deviation / mean."""
 
     def __post_init__(self) -> None:
         _positive("mean", self.mean)
@@ -111,7 +114,9 @@ class Gamma(_Dist, frozen=True, kw_only=True, tag="gamma"):
     """Gamma with the given mean and coefficient of variation (shape = 1 / cv²)."""
 
     mean: float
+    """The mean."""
     cv: float
+    """Coefficient of variation (shape = 1 / cv²)."""
 
     def __post_init__(self) -> None:
         _positive("mean", self.mean)
@@ -123,6 +128,7 @@ class Exponential(_Dist, frozen=True, kw_only=True, tag="exponential"):
     """Exponential with the given mean (a gamma with cv 1)."""
 
     mean: float
+    """The mean."""
 
     def __post_init__(self) -> None:
         _positive("mean", self.mean)
@@ -133,7 +139,9 @@ class Uniform(_Dist, frozen=True, kw_only=True, tag="uniform"):
     """Uniform on ``[low, high]``."""
 
     low: float
+    """Lowest value."""
     high: float
+    """Highest value."""
 
     def __post_init__(self) -> None:
         _finite_nonneg("low", self.low)
@@ -146,6 +154,7 @@ class Poisson(_Dist, frozen=True, kw_only=True, tag="poisson"):
     """Poisson counts with the given mean (for calls per task, tool calls)."""
 
     mean: float
+    """The mean count."""
 
     def __post_init__(self) -> None:
         _finite_nonneg("mean", self.mean)
@@ -322,6 +331,7 @@ class Constant(_RateArrivals, frozen=True, kw_only=True, tag="constant"):
     """Evenly spaced arrivals at ``rate_per_s``."""
 
     rate_per_s: float
+    """Arrivals per second."""
 
     def __post_init__(self) -> None:
         _finite_nonneg("rate_per_s", self.rate_per_s)
@@ -331,6 +341,7 @@ class PoissonArrivals(_RateArrivals, frozen=True, kw_only=True, tag="poisson"):
     """Poisson arrivals at ``rate_per_s`` (exponential gaps, CV 1)."""
 
     rate_per_s: float
+    """Arrivals per second."""
 
     def __post_init__(self) -> None:
         _finite_nonneg("rate_per_s", self.rate_per_s)
@@ -340,6 +351,7 @@ class GammaArrivals(_RateArrivals, frozen=True, kw_only=True, tag="gamma"):
     """Renewal arrivals with gamma gaps: ``cv`` > 1 is burstier than Poisson, < 1 smoother."""
 
     rate_per_s: float
+    """Arrivals per second (mean)."""
     cv: float
     """Coefficient of variation of the gaps (1 = Poisson)."""
 
@@ -356,7 +368,9 @@ class OnOff(_RateArrivals, frozen=True, kw_only=True, tag="on_off"):
     """
 
     on_rate_per_s: float
+    """Arrivals per second during on periods."""
     off_rate_per_s: float = 0.0
+    """Arrivals per second during off periods."""
     on_s: Distribution
     """Length of an on period, seconds."""
     off_s: Distribution
@@ -378,7 +392,10 @@ class Step(_Spec, frozen=True, kw_only=True):
     """One step of a piecewise-constant rate schedule."""
 
     duration_s: float
+    """How long the step lasts."""
+
     rate_per_s: float
+    """The arrival rate during the step."""
 
     def __post_init__(self) -> None:
         _positive("duration_s", self.duration_s)
@@ -389,6 +406,7 @@ class Schedule(_RateArrivals, frozen=True, kw_only=True, tag="schedule"):
     """A piecewise-constant rate schedule, such as seed 002's minute-by-minute rates."""
 
     steps: list[Step]
+    """The steps, in order."""
     cv: float = 1.0
     """CV of the gaps within the schedule (1 = Poisson, 0 = evenly spaced)."""
     repeat: bool = True
@@ -403,7 +421,10 @@ class Window(_Spec, frozen=True, kw_only=True):
     """A time window of a trace, seconds from its first arrival."""
 
     start_s: float = 0.0
+    """Start of the window."""
+
     end_s: float | None = None
+    """End of the window (default: the end of the trace)."""
 
     def __post_init__(self) -> None:
         _finite_nonneg("start_s", self.start_s)
@@ -705,6 +726,7 @@ class Clients(_Spec, frozen=True, kw_only=True):
     """How the people and programs behind a source behave while they wait."""
 
     retries: Retries = Retries()
+    """How a failed or refused call is retried."""
 
     patience_s: Distribution | None = None
     """How long a client waits for the first token before giving up (cancelling)."""
@@ -772,6 +794,7 @@ class WorkloadSpec(_Spec, frozen=True, kw_only=True):
     """The format version (currently 1)."""
 
     description: str = ""
+    """Free text for reports."""
 
     seed: int = 0
     """The run seed: every random stream derives from it."""
@@ -780,11 +803,22 @@ class WorkloadSpec(_Spec, frozen=True, kw_only=True):
     """How long a compiled run lasts (trace replays: at most this long)."""
 
     classes: dict[str, TaskClass]
+    """Task classes by name."""
+
     sources: list[Source]
+    """Arrival streams of tasks."""
+
     tenants: dict[str, Tenant] = msgspec.field(default_factory=lambda: {"default": Tenant()})
+    """Tenants by name (default: one tenant called ``default``)."""
+
     routes: dict[str, Route] = msgspec.field(default_factory=lambda: {"default": Route()})
+    """Routes by name (default: one route called ``default``)."""
+
     clients: Clients = Clients()
+    """How clients behave while they wait."""
+
     planning: Planning = Planning()
+    """Inputs of the analytic plan."""
 
     def __post_init__(self) -> None:
         _require(

@@ -1,0 +1,295 @@
+"""A request inside one replica, and the waiting queues that order requests.
+
+:class:`EngineRequest` is the engine-side entity (vLLM ``vllm/v1/request.py``); the
+scheduler in :mod:`headway.core.engine.scheduler` is the only code that changes it, and
+the underscore fields are shared with that module only. The queues follow vLLM's
+``request_queue.py``: FCFS (arrival order, preempted requests back at the front) and
+priority (``(priority, arrival_s, add order)``, lower priority value first).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Final, Protocol
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "EngineRequest",
+    "FcfsRequestQueue",
+    "PriorityRequestQueue",
+    "RequestQueue",
+    "RequestStatus",
+    "create_request_queue",
+]
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is inside one replica."""
+
+    WAITING = "waiting"
+    """In the waiting queue, never admitted."""
+    RUNNING = "running"
+    """In the running set: holds KV blocks and is scheduled every step it fits."""
+    PREEMPTED = "preempted"
+    """Back in the waiting queue after preemption; its KV was freed and is recomputed."""
+    FINISHED = "finished"
+    """Generated ``max_output_tokens`` tokens."""
+    ABORTED = "aborted"
+    """Cancelled by the caller; its blocks were freed at once."""
+
+
+TERMINAL_STATUSES: Final = frozenset({RequestStatus.FINISHED, RequestStatus.ABORTED})
+"""Statuses a request never leaves."""
+
+_UNQUEUED: Final = 0
+
+
+class EngineRequest:
+    """One request inside a replica: an entity the scheduler mutates.
+
+    The caller constructs it and hands it to ``add_request``; from then on every field is
+    the engine's to change (read them, do not write them)::
+
+        num_tokens = num_prompt_tokens + num_output_tokens
+        0 <= num_computed_tokens <= num_tokens
+        len(block_ids) == cdiv(num_computed_tokens, block_size)   between steps
+
+    ``block_hashes`` are the chained hashes of the request's full blocks at the engine's
+    block size (``kv.chain_block_hashes`` / ``kv.expand_block_hashes``); the caller may
+    give those of a prefix of the prompt and the scheduler extends the list with
+    request-unique hashes for the rest, as blocks fill (vLLM ``Request.block_hashes``).
+    """
+
+    __slots__ = (
+        "_num_cached_blocks",
+        "_queue_token",
+        "_salt",
+        "_seq",
+        "arrival_s",
+        "block_hashes",
+        "block_ids",
+        "max_output_tokens",
+        "num_cached_prompt_tokens",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "priority",
+        "request_id",
+        "status",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        *,
+        num_prompt_tokens: int,
+        max_output_tokens: int,
+        priority: int = 0,
+        block_hashes: Sequence[int] = (),
+    ) -> None:
+        """Describe a request.
+
+        Args:
+            request_id: unique within the replica.
+            num_prompt_tokens: prompt length, >= 1.
+            max_output_tokens: tokens the request generates before it stops, >= 1 (the
+                simulator passes the true output length: end-of-sequence is folded in).
+            priority: lower is more important (vLLM); used by the ``priority`` policy.
+            block_hashes: chained hashes of the first full prompt blocks, optional.
+
+        Raises:
+            ValueError: if a length is not positive.
+        """
+        if num_prompt_tokens < 1:
+            raise ValueError(
+                f"request {request_id!r}: num_prompt_tokens must be >= 1 "
+                f"(got {num_prompt_tokens}); an empty prompt has nothing to condition on"
+            )
+        if max_output_tokens < 1:
+            raise ValueError(
+                f"request {request_id!r}: max_output_tokens must be >= 1 "
+                f"(got {max_output_tokens}); a request generates at least one token"
+            )
+        self.request_id: Final = request_id
+        self.num_prompt_tokens: Final = num_prompt_tokens
+        self.max_output_tokens: Final = max_output_tokens
+        self.priority: Final = priority
+        self.block_hashes: list[int] = list(block_hashes)
+        self.arrival_s = float("nan")
+        """Time the replica received the request (set by ``add_request``)."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.num_cached_prompt_tokens = -1
+        """Tokens found in the prefix cache at first admission (-1 before it)."""
+        self.block_ids: list[int] = []
+        self._num_cached_blocks = 0
+        self._queue_token = _UNQUEUED
+        self._seq = -1
+        self._salt = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known: prompt plus generated."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_remaining_output_tokens(self) -> int:
+        """Tokens still to generate."""
+        return self.max_output_tokens - self.num_output_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when the next step computes exactly its last generated token."""
+        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+
+    def __repr__(self) -> str:
+        return (
+            f"EngineRequest({self.request_id!r}, {self.status.value}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens}, "
+            f"output={self.num_output_tokens}/{self.max_output_tokens})"
+        )
+
+
+# ----------------------------------------------------------------------------- queues
+
+
+class FcfsRequestQueue:
+    """Waiting requests in arrival order; preempted ones go back to the front.
+
+    Removal (abort) is lazy: an entry is live while its token equals the request's
+    ``_queue_token``, so ``discard`` is O(1) and stale entries are dropped at the head.
+    """
+
+    __slots__ = ("_entries", "_size", "_tokens")
+
+    def __init__(self) -> None:
+        self._entries: deque[tuple[int, EngineRequest]] = deque()
+        self._tokens = itertools.count(1)
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, req: EngineRequest) -> None:
+        req._queue_token = token = next(self._tokens)
+        self._entries.append((token, req))
+        self._size += 1
+
+    def push_front(self, req: EngineRequest) -> None:
+        req._queue_token = token = next(self._tokens)
+        self._entries.appendleft((token, req))
+        self._size += 1
+
+    def peek(self) -> EngineRequest | None:
+        entries = self._entries
+        while entries and entries[0][0] != entries[0][1]._queue_token:
+            entries.popleft()
+        return entries[0][1] if entries else None
+
+    def pop(self) -> EngineRequest:
+        req = self.peek()
+        if req is None:
+            raise RuntimeError("pop() from an empty waiting queue")
+        self._entries.popleft()
+        self.discard(req)
+        return req
+
+    def discard(self, req: EngineRequest) -> None:
+        req._queue_token = _UNQUEUED
+        self._size -= 1
+
+    def ordered(self) -> Iterator[EngineRequest]:
+        return (req for token, req in self._entries if token == req._queue_token)
+
+
+class PriorityRequestQueue:
+    """Waiting requests by ``(priority, arrival_s, seq)``: a heap with lazy removal."""
+
+    __slots__ = ("_heap", "_size", "_tokens")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, int, EngineRequest]] = []
+        self._tokens = itertools.count(1)
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, req: EngineRequest) -> None:
+        req._queue_token = token = next(self._tokens)
+        heapq.heappush(self._heap, (req.priority, req.arrival_s, req._seq, token, req))
+        self._size += 1
+
+    push_front = push  # a preempted request goes back to its place by key (vLLM)
+
+    def peek(self) -> EngineRequest | None:
+        heap = self._heap
+        while heap and heap[0][3] != heap[0][4]._queue_token:
+            heapq.heappop(heap)
+        return heap[0][4] if heap else None
+
+    def pop(self) -> EngineRequest:
+        req = self.peek()
+        if req is None:
+            raise RuntimeError("pop() from an empty waiting queue")
+        heapq.heappop(self._heap)
+        self.discard(req)
+        return req
+
+    def discard(self, req: EngineRequest) -> None:
+        req._queue_token = _UNQUEUED
+        self._size -= 1
+
+    def ordered(self) -> Iterator[EngineRequest]:
+        live = sorted(entry for entry in self._heap if entry[3] == entry[4]._queue_token)
+        return (entry[4] for entry in live)
+
+
+class RequestQueue(Protocol):
+    """The waiting queue as the scheduler uses it."""
+
+    def __len__(self) -> int: ...
+
+    def push(self, req: EngineRequest) -> None:
+        """Add a request at its place (FCFS: the back)."""
+        ...
+
+    def push_front(self, req: EngineRequest) -> None:
+        """Put a preempted or skipped request back (FCFS: the front)."""
+        ...
+
+    def peek(self) -> EngineRequest | None:
+        """The next request to admit, or ``None``."""
+        ...
+
+    def pop(self) -> EngineRequest:
+        """Remove and return the next request to admit."""
+        ...
+
+    def discard(self, req: EngineRequest) -> None:
+        """Remove a queued request (abort), in O(1)."""
+        ...
+
+    def ordered(self) -> Iterator[EngineRequest]:
+        """Queued requests in admission order."""
+        ...
+
+
+def create_request_queue(policy: str) -> RequestQueue:
+    """The waiting queue for a scheduling policy (``fcfs`` or ``priority``).
+
+    Raises:
+        ValueError: for any other policy.
+    """
+    if policy == "fcfs":
+        return FcfsRequestQueue()
+    if policy == "priority":
+        return PriorityRequestQueue()
+    raise ValueError(f"unknown scheduling policy {policy!r}; use 'fcfs' or 'priority'")

@@ -1,0 +1,650 @@
+"""A roofline step-time model with measured efficiency curves.
+
+The time of one engine step is the sum of per-operator-group times; each group costs
+
+    kernel overhead + blend(FLOPs / (peak × eff_compute), bytes / (bandwidth × eff_memory))
+
+where ``blend`` is a p-norm (``(a**p + b**p) ** (1/p)``, at least ``max(a, b)``) that lets
+the memory- and compute-bound regimes meet smoothly, as measured GEMMs do near the ridge
+point. The groups, per transformer layer and summed over the layers:
+
+- **linear layers**: the QKV, output, gate/up and down projections as GEMMs over the
+  step's tokens (FLOPs ``2 · tokens · K · N``, bytes = weights + activations). A mixture of
+  experts reads the weights of the experts its tokens touch and runs each of them over its
+  share of the tokens;
+- **element-wise kernels**: norms, rotary embedding, activation and residual add,
+  memory-bound (bytes per token from the shape, plus a launch overhead per kernel);
+- **prefill attention**: ``4 · heads · head_dim`` FLOPs per query-key pair
+  (:attr:`BatchShape.prefill_attention_pairs`), split over tensor parallelism;
+- **decode attention**: reads ``decode_kv_tokens`` × KV bytes per token per GPU, plus a
+  fixed cost per (sequence, KV head) block and per kernel; it is memory-bound and exactly
+  linear in the KV tokens, so decode-only steps are affine
+  (:meth:`RooflineStepTime.decode_step_affine`);
+- **tensor-parallel all-reduce**: two per layer of ``tokens × hidden × 2`` bytes, as a ring:
+  ``latency + 2 (tp − 1) / tp × bytes / (efficiency × per-direction bandwidth)``;
+
+plus the LM head (a GEMM over one row per sequence in the step) and a per-step engine
+overhead (a constant plus a cost per sequence: scheduling, sampling, detokenization).
+
+The efficiencies are not guesses: ``scripts/fit_efficiency.py`` fits them by least squares
+on log time to measured kernels (Vidur's GEMM and element-wise timings per GPU family,
+Vidur's FlashAttention sample and NCCL all-reduce timings) and writes
+``headway/data/efficiency.json``; :func:`parse_efficiency_table` turns that file's parsed
+content into an :class:`EfficiencyTable`. Every efficiency is at most 1 and every overhead
+is at least 0, so no prediction is faster than the pure roofline (:meth:`roofline_bound_s`).
+Every term is non-decreasing in each batch sum, so more work never takes less time.
+
+Usage (a driver loads the shipped table; the core never reads files)::
+
+    gpu = get_gpu("h100")
+    step = RooflineStepTime(model=get_model("llama-3-70b"), gpu=gpu, tensor_parallel=4,
+                            efficiency=headway.data.load_efficiency_table().profile_for(gpu))
+    step.step_time_s(BatchShape(num_decode_seqs=64, decode_kv_tokens=64 * 2000))
+
+Known limits: one fitted curve per GPU family (GEMM kernel choice makes real timings
+step-shaped in the token count; the curve is smooth), attention efficiency measured on A100
+only, no overlap of communication with compute, and the per-step engine overhead is an
+assumption to be replaced by ``headway calibrate`` for a real engine. Engines with heavy
+host-side overhead are slower than this model: ``benchmarks/fidelity.py`` finds the 2023
+engine behind splitwise-sim's timings 20-35 % slower (more at higher TP).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from headway.core.engine.catalog import GpuSpec, ModelSpec
+from headway.core.engine.steptime import BatchShape
+from headway.core.errors import ConfigError
+
+__all__ = [
+    "ACTIVATION_BYTES",
+    "DEFAULT_PER_SEQ_OVERHEAD_S",
+    "DEFAULT_STEP_OVERHEAD_S",
+    "AllReduceEfficiency",
+    "AttentionEfficiency",
+    "EfficiencyProfile",
+    "EfficiencyTable",
+    "ElementwiseEfficiency",
+    "GemmEfficiency",
+    "RooflineStepTime",
+    "StepBreakdown",
+    "all_reduce_time_s",
+    "blend",
+    "elementwise_bytes_per_layer",
+    "gemm_time_s",
+    "parse_efficiency_table",
+]
+
+ACTIVATION_BYTES = 2
+"""Bytes per activation element (BF16), also for FP8-weight models."""
+
+DEFAULT_STEP_OVERHEAD_S = 1.0e-3
+"""Assumed fixed engine cost per step (scheduling, input preparation, sampling launch).
+
+Not fitted: CUDA-graph engines with overlapped scheduling (vLLM V1, SGLang, TensorRT-LLM)
+spend well under a few milliseconds per step on the host. Replace it with a calibrated
+value (``headway calibrate``) for a particular engine."""
+
+DEFAULT_PER_SEQ_OVERHEAD_S = 2.0e-6
+"""Assumed engine cost per sequence in a step (sampling, output processing); not fitted."""
+
+
+# -- efficiency parameters -------------------------------------------------------------------
+
+
+class GemmEfficiency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Efficiency of a dense GEMM ``[tokens × K] @ [K × N]`` as a function of ``tokens``.
+
+    Compute efficiency follows a piecewise log-linear curve through
+    ``(compute_tokens[i], compute_efficiency[i])``, flat beyond the end knots; memory
+    efficiency is one number (the fraction of HBM bandwidth at which weights stream).
+    """
+
+    memory_efficiency: float
+    """Fraction of HBM bandwidth reached when streaming weights and activations."""
+
+    compute_tokens: tuple[float, ...]
+    """Token counts of the compute-efficiency knots, strictly increasing."""
+
+    compute_efficiency: tuple[float, ...]
+    """Fraction of dense peak FLOP/s at each knot."""
+
+    blend_exponent: float
+    """p of the p-norm that joins the compute and memory times (1 = add them, ∞ = max)."""
+
+    kernel_overhead_s: float
+    """Fixed time per GEMM kernel (launch, prologue, tail), seconds."""
+
+    def __post_init__(self) -> None:
+        _check_fraction("gemm.memory_efficiency", self.memory_efficiency)
+        knots, effs = self.compute_tokens, self.compute_efficiency
+        if not knots or len(knots) != len(effs):
+            raise ValueError(
+                "gemm.compute_tokens and gemm.compute_efficiency must be non-empty and of "
+                f"equal length (got {len(knots)} and {len(effs)})"
+            )
+        for i, (n, e) in enumerate(zip(knots, effs, strict=True)):
+            if not n >= 1:
+                raise ValueError(f"gemm.compute_tokens[{i}] must be >= 1 (got {n!r})")
+            _check_fraction(f"gemm.compute_efficiency[{i}]", e)
+        for i in range(1, len(knots)):
+            if not knots[i] > knots[i - 1]:
+                raise ValueError(
+                    f"gemm.compute_tokens must increase strictly (got {knots[i - 1]!r} "
+                    f"then {knots[i]!r} at index {i})"
+                )
+            # Compute time ∝ tokens / eff(tokens) must not fall as tokens grow.
+            if effs[i] / effs[i - 1] > knots[i] / knots[i - 1] * (1 + 1e-12):
+                raise ValueError(
+                    f"gemm.compute_efficiency rises faster than the token count between knots "
+                    f"{i - 1} and {i} ({effs[i - 1]!r} -> {effs[i]!r}), which would make more "
+                    "tokens faster; refit the curve"
+                )
+        if not (self.blend_exponent >= 1 and math.isfinite(self.blend_exponent)):
+            raise ValueError(f"gemm.blend_exponent must be >= 1 (got {self.blend_exponent!r})")
+        _check_overhead("gemm.kernel_overhead_s", self.kernel_overhead_s)
+
+    def compute_efficiency_at(self, tokens: float) -> float:
+        """Compute efficiency at ``tokens`` (log-linear between knots, flat outside)."""
+        knots, effs = self.compute_tokens, self.compute_efficiency
+        if tokens <= knots[0]:
+            return effs[0]
+        if tokens >= knots[-1]:
+            return effs[-1]
+        i = bisect_right(knots, tokens)
+        lo, hi = knots[i - 1], knots[i]
+        w = math.log(tokens / lo) / math.log(hi / lo)
+        return math.exp((1.0 - w) * math.log(effs[i - 1]) + w * math.log(effs[i]))
+
+
+class ElementwiseEfficiency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Memory-bound per-layer kernels: norms, rotary embedding, activation, residual add."""
+
+    memory_efficiency: float
+    """Fraction of HBM bandwidth the element-wise kernels reach."""
+
+    kernel_overhead_s: float
+    """Fixed time per element-wise kernel, seconds."""
+
+    kernels_per_layer: int = 5
+    """Element-wise kernels per layer (2 norms, rotary, activation, add)."""
+
+    def __post_init__(self) -> None:
+        _check_fraction("elementwise.memory_efficiency", self.memory_efficiency)
+        _check_overhead("elementwise.kernel_overhead_s", self.kernel_overhead_s)
+        if not self.kernels_per_layer >= 0:
+            raise ValueError(
+                f"elementwise.kernels_per_layer must be >= 0 (got {self.kernels_per_layer!r})"
+            )
+
+
+class AttentionEfficiency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Attention kernels: prefill is compute-bound, decode streams the KV cache.
+
+    Decode time per layer is ``decode_kernel_overhead_s + decode_per_seq_kv_head_s × seqs ×
+    KV heads per GPU + KV bytes / (bandwidth × decode_memory_efficiency)``: the middle term
+    is the fixed work of each (sequence, KV head) block of a paged decode kernel, which
+    dominates at short contexts.
+    """
+
+    prefill_compute_efficiency: float
+    """Fraction of dense peak FLOP/s reached by prefill attention."""
+
+    prefill_kernel_overhead_s: float
+    """Fixed time of the prefill attention kernel of one layer, seconds."""
+
+    decode_memory_efficiency: float
+    """Fraction of HBM bandwidth reached when decode attention reads the KV cache."""
+
+    decode_kernel_overhead_s: float
+    """Fixed time of the decode attention kernel of one layer, seconds."""
+
+    decode_per_seq_kv_head_s: float
+    """Time per decoding sequence per KV head on the GPU, per layer, seconds."""
+
+    def __post_init__(self) -> None:
+        _check_fraction("attention.prefill_compute_efficiency", self.prefill_compute_efficiency)
+        _check_fraction("attention.decode_memory_efficiency", self.decode_memory_efficiency)
+        _check_overhead("attention.prefill_kernel_overhead_s", self.prefill_kernel_overhead_s)
+        _check_overhead("attention.decode_kernel_overhead_s", self.decode_kernel_overhead_s)
+        _check_overhead("attention.decode_per_seq_kv_head_s", self.decode_per_seq_kv_head_s)
+
+
+class AllReduceEfficiency(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Tensor-parallel all-reduce: fraction of the per-direction interconnect rate reached."""
+
+    bandwidth_efficiency: float
+    """Ring bus bandwidth / (interconnect bandwidth / 2)."""
+
+    def __post_init__(self) -> None:
+        _check_fraction("all_reduce.bandwidth_efficiency", self.bandwidth_efficiency)
+
+
+class EfficiencyProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Every efficiency the roofline needs for one GPU family."""
+
+    gemm: GemmEfficiency
+    elementwise: ElementwiseEfficiency
+    attention: AttentionEfficiency
+    all_reduce: AllReduceEfficiency
+
+
+class EfficiencyTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The content of ``headway/data/efficiency.json``: named profiles and provenance."""
+
+    comment: str
+    """How the file was produced and from which measurements."""
+
+    version: int
+    """File format version (1)."""
+
+    profiles: dict[str, EfficiencyProfile]
+    """Profiles by name (``GpuSpec.efficiency_profile``); ``"default"`` must exist."""
+
+    fit: dict[str, Any] = {}
+    """Fit diagnostics (in-sample errors, fitted latencies), for reports only."""
+
+    def __post_init__(self) -> None:
+        if "default" not in self.profiles:
+            raise ValueError(
+                "the efficiency table needs a 'default' profile (used for GPUs without "
+                f"measurements); found {', '.join(sorted(self.profiles)) or 'none'}"
+            )
+
+    def profile_for(self, gpu: GpuSpec) -> EfficiencyProfile:
+        """The profile ``gpu.efficiency_profile`` names; ConfigError if there is none."""
+        try:
+            return self.profiles[gpu.efficiency_profile]
+        except KeyError:
+            raise ConfigError(
+                f"GPU {gpu.name!r} asks for efficiency profile {gpu.efficiency_profile!r}, "
+                f"which is not in the table; known profiles: {', '.join(sorted(self.profiles))}",
+                path="$.efficiency_profile",
+            ) from None
+
+
+def parse_efficiency_table(data: Mapping[str, Any]) -> EfficiencyTable:
+    """Validate the parsed JSON of an efficiency file (pure: the caller reads the file)."""
+    try:
+        return msgspec.convert(data, EfficiencyTable)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid efficiency table: {exc}", path="$") from exc
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1] (got {value!r})")
+
+
+def _check_overhead(name: str, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1) seconds (got {value!r})")
+
+
+# -- kernel-level cost functions ----------------------------------------------------------------
+
+
+def blend(a: float, b: float, p: float) -> float:
+    """p-norm of two non-negative times: ``max(a, b) <= blend <= a + b`` for ``p >= 1``."""
+    m = a if a > b else b
+    if m <= 0.0:
+        return 0.0
+    return m * float(((a / m) ** p + (b / m) ** p) ** (1.0 / p))
+
+
+def gemm_time_s(
+    tokens: float,
+    k: float,
+    n: float,
+    *,
+    eff: GemmEfficiency,
+    peak_flops_per_s: float,
+    bandwidth_bytes_per_s: float,
+    weight_bytes: float = 2.0,
+    count: float = 1.0,
+) -> float:
+    """Seconds for ``count`` GEMMs ``[tokens × k] @ [k × n]`` launched as one kernel.
+
+    FLOPs ``2 · tokens · k · n``; bytes ``weight_bytes · k · n`` of weights plus
+    ``ACTIVATION_BYTES · tokens · (k + n)`` of activations. ``count`` > 1 models the experts
+    of a mixture-of-experts layer (each over ``tokens`` of its own).
+    """
+    if tokens <= 0 or count <= 0:
+        return 0.0
+    flops = 2.0 * tokens * k * n
+    nbytes = weight_bytes * k * n + ACTIVATION_BYTES * tokens * (k + n)
+    compute_s = flops / (peak_flops_per_s * eff.compute_efficiency_at(tokens))
+    memory_s = nbytes / (bandwidth_bytes_per_s * eff.memory_efficiency)
+    return eff.kernel_overhead_s + count * blend(compute_s, memory_s, eff.blend_exponent)
+
+
+def elementwise_bytes_per_layer(model: ModelSpec, tensor_parallel: int, tokens: float) -> float:
+    """HBM bytes the element-wise kernels of one layer move for ``tokens`` tokens.
+
+    Two norms (read and write ``hidden``), rotary embedding on q and k (read and write),
+    the activation (read gate and up, write one; read and write when not gated) over the
+    active experts' width, and a residual add (read two, write one ``hidden``).
+    """
+    h = model.hidden_size
+    qk_width = (
+        model.num_attention_heads / tensor_parallel + model.kv_heads_per_gpu(tensor_parallel)
+    ) * model.head_dim
+    ffn = model.num_active_experts * model.ffn_hidden_size / tensor_parallel
+    act = (3.0 if model.gated_mlp else 2.0) * ffn
+    per_token = 4.0 * h + 2.0 * qk_width + act + 3.0 * h
+    return ACTIVATION_BYTES * tokens * per_token
+
+
+def all_reduce_time_s(
+    message_bytes: float,
+    tensor_parallel: int,
+    *,
+    bandwidth_bytes_per_s: float,
+    latency_s: float,
+    efficiency: float,
+) -> float:
+    """Ring all-reduce of ``message_bytes`` over ``tensor_parallel`` GPUs.
+
+    ``bandwidth_bytes_per_s`` is the marketed bidirectional per-GPU rate; a ring sends and
+    receives ``2 (tp − 1) / tp × bytes`` per GPU at the per-direction rate (half of it).
+    """
+    if tensor_parallel <= 1 or message_bytes <= 0:
+        return 0.0
+    ring_bytes = 2.0 * (tensor_parallel - 1) / tensor_parallel * message_bytes
+    return latency_s + ring_bytes / (efficiency * bandwidth_bytes_per_s / 2.0)
+
+
+# -- the step-time model ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepBreakdown:
+    """Seconds per operator group of one step (all layers together)."""
+
+    linear_s: float
+    lm_head_s: float
+    elementwise_s: float
+    prefill_attention_s: float
+    decode_attention_s: float
+    all_reduce_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        """The step time: the sum of the groups."""
+        return (
+            self.linear_s
+            + self.lm_head_s
+            + self.elementwise_s
+            + self.prefill_attention_s
+            + self.decode_attention_s
+            + self.all_reduce_s
+            + self.overhead_s
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RooflineStepTime:
+    """Step times of ``model`` on ``tensor_parallel`` GPUs of type ``gpu``.
+
+    Implements :class:`~headway.core.engine.steptime.StepTimeModel`. ``efficiency`` is the
+    GPU's fitted profile (``EfficiencyTable.profile_for(gpu)``). Weights and KV cache use
+    ``model.dtype_bytes``; with 1-byte (FP8) weights the GPU's FP8 peak applies.
+    """
+
+    model: ModelSpec
+    gpu: GpuSpec
+    efficiency: EfficiencyProfile
+    tensor_parallel: int = 1
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    """Fixed engine cost of every non-empty step."""
+    per_seq_overhead_s: float = DEFAULT_PER_SEQ_OVERHEAD_S
+    """Engine cost per sequence (prefill or decode) in a step."""
+
+    _peak: float = field(init=False, repr=False)
+    _bw: float = field(init=False, repr=False)
+    _shapes: tuple[tuple[float, float], ...] = field(init=False, repr=False)
+    _expert_shapes: tuple[tuple[float, float], ...] = field(init=False, repr=False)
+    _per_kv_token_s: float = field(init=False, repr=False)
+    _token_cache: dict[int, float] = field(init=False, repr=False, compare=False)
+    _rows_cache: dict[int, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tp = self.tensor_parallel
+        if tp < 1 or int(tp) != tp:
+            raise ValueError(f"tensor_parallel must be an integer >= 1 (got {tp!r})")
+        if self.model.num_attention_heads % tp != 0:
+            raise ValueError(
+                f"tensor_parallel={tp} must divide the {self.model.num_attention_heads} "
+                f"attention heads of {self.model.name}; use a divisor such as 1, 2, 4 or 8"
+            )
+        for name in ("step_overhead_s", "per_seq_overhead_s"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"RooflineStepTime.{name} must be in [0, 1) s (got {value!r})")
+        m = self.model
+        h, hd = float(m.hidden_size), float(m.head_dim)
+        q_heads = m.num_attention_heads / tp
+        kv_heads = float(m.kv_heads_per_gpu(tp))
+        mlp_in = (2.0 if m.gated_mlp else 1.0) * m.ffn_hidden_size / tp
+        mlp_out = m.ffn_hidden_size / tp
+        attn_shapes = ((h, (q_heads + 2.0 * kv_heads) * hd), (q_heads * hd, h))
+        mlp_shapes = ((h, mlp_in), (mlp_out, h))
+        peak = self.gpu.peak_flops_per_s(m.dtype_bytes)
+        bw = self.gpu.hbm_bandwidth_bytes_per_s
+        att = self.efficiency.attention
+        kv_bytes_per_token_layer = 2.0 * kv_heads * hd * m.dtype_bytes
+        kv_flops_per_token_layer = 4.0 * q_heads * hd
+        per_kv_layer = max(
+            kv_bytes_per_token_layer / (bw * att.decode_memory_efficiency),
+            kv_flops_per_token_layer / (peak * att.prefill_compute_efficiency),
+        )
+        setattr_ = object.__setattr__
+        setattr_(self, "_peak", peak)
+        setattr_(self, "_bw", bw)
+        if m.num_experts > 1:
+            setattr_(self, "_shapes", attn_shapes)
+            setattr_(self, "_expert_shapes", mlp_shapes)
+        else:
+            setattr_(self, "_shapes", attn_shapes + mlp_shapes)
+            setattr_(self, "_expert_shapes", ())
+        setattr_(self, "_per_kv_token_s", m.num_layers * per_kv_layer)
+        setattr_(self, "_token_cache", {})
+        setattr_(self, "_rows_cache", {})
+
+    # -- the StepTimeModel protocol ------------------------------------------------------
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        """Seconds the step takes; 0 for an empty batch."""
+        if batch.is_empty:
+            return 0.0
+        return self._fixed_time_s(batch) + self._per_kv_token_s * batch.decode_kv_tokens
+
+    def decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
+        """``(base_s, per_kv_token_s)`` of decode-only steps of ``num_seqs`` sequences.
+
+        ``step_time_s`` computes decode-only steps as exactly ``base + per * kv``.
+        """
+        if num_seqs <= 0:
+            return (0.0, 0.0)
+        return (self._fixed_time_s(BatchShape(num_decode_seqs=num_seqs)), self._per_kv_token_s)
+
+    # -- diagnostics ---------------------------------------------------------------------
+
+    def breakdown(self, batch: BatchShape) -> StepBreakdown:
+        """The step time split by operator group (sums to :meth:`step_time_s`, up to rounding)."""
+        if batch.is_empty:
+            return StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        n = batch.num_tokens
+        layers = self.model.num_layers
+        linear, elementwise, all_reduce = self._per_layer_token_parts(n)
+        decode = (
+            layers * self._decode_attention_fixed_layer_s(batch.num_decode_seqs)
+            + self._per_kv_token_s * batch.decode_kv_tokens
+        )
+        return StepBreakdown(
+            linear_s=layers * linear,
+            lm_head_s=self._lm_head_s(batch.num_decode_seqs + batch.num_prefill_seqs),
+            elementwise_s=layers * elementwise,
+            prefill_attention_s=layers * self._prefill_attention_layer_s(batch),
+            decode_attention_s=decode,
+            all_reduce_s=layers * all_reduce,
+            overhead_s=self._overhead_s(batch),
+        )
+
+    def roofline_bound_s(self, batch: BatchShape) -> float:
+        """The pure roofline: ``max(FLOPs / peak, HBM bytes / bandwidth)`` of the step.
+
+        FLOPs of all GEMMs and attention; bytes of the weights read and the KV cache read
+        (activations, overheads and communication left out). No prediction is below it.
+        """
+        if batch.is_empty:
+            return 0.0
+        m, tp = self.model, self.tensor_parallel
+        n = float(batch.num_tokens)
+        flops = 0.0
+        weight_elems = 0.0
+        for k, nn in self._shapes:
+            flops += 2.0 * n * k * nn
+            weight_elems += k * nn
+        if self._expert_shapes:
+            touched = self._experts_touched(n)
+            for k, nn in self._expert_shapes:
+                flops += 2.0 * n * m.num_active_experts * k * nn
+                weight_elems += touched * k * nn
+        q_heads = m.num_attention_heads / tp
+        flops += (
+            4.0 * q_heads * m.head_dim * (batch.prefill_attention_pairs + batch.decode_kv_tokens)
+        )
+        kv_bytes = (
+            2.0 * m.kv_heads_per_gpu(tp) * m.head_dim * m.dtype_bytes * batch.decode_kv_tokens
+        )
+        nbytes = weight_elems * m.dtype_bytes + kv_bytes
+        flops *= m.num_layers
+        nbytes *= m.num_layers
+        rows = batch.num_decode_seqs + batch.num_prefill_seqs
+        lm_n = m.vocab_size / tp
+        flops += 2.0 * rows * m.hidden_size * lm_n
+        if rows > 0:
+            nbytes += m.hidden_size * lm_n * m.dtype_bytes
+        return max(flops / self._peak, nbytes / self._bw)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _fixed_time_s(self, batch: BatchShape) -> float:
+        """Everything except the decode-attention time proportional to the KV tokens."""
+        layers = self.model.num_layers
+        per_layer = self._token_time_layer_s(batch.num_tokens)
+        per_layer += self._prefill_attention_layer_s(batch)
+        per_layer += self._decode_attention_fixed_layer_s(batch.num_decode_seqs)
+        rows = batch.num_decode_seqs + batch.num_prefill_seqs
+        return layers * per_layer + self._lm_head_s(rows) + self._overhead_s(batch)
+
+    def _overhead_s(self, batch: BatchShape) -> float:
+        seqs = batch.num_decode_seqs + batch.num_prefill_seqs
+        return self.step_overhead_s + self.per_seq_overhead_s * seqs
+
+    def _token_time_layer_s(self, tokens: int) -> float:
+        """Per-layer time that depends only on the step's token count (memoised)."""
+        cached = self._token_cache.get(tokens)
+        if cached is None:
+            linear, elementwise, all_reduce = self._per_layer_token_parts(tokens)
+            cached = linear + elementwise + all_reduce
+            if len(self._token_cache) >= 65536:
+                self._token_cache.clear()
+            self._token_cache[tokens] = cached
+        return cached
+
+    def _per_layer_token_parts(self, tokens: int) -> tuple[float, float, float]:
+        """(linear, element-wise, all-reduce) seconds of one layer for ``tokens`` tokens."""
+        if tokens <= 0:
+            return (0.0, 0.0, 0.0)
+        m, tp, eff = self.model, self.tensor_parallel, self.efficiency
+        n = float(tokens)
+        linear = sum(self._gemm_s(n, k, nn) for k, nn in self._shapes)
+        if self._expert_shapes:
+            touched = self._experts_touched(n)
+            per_expert = n * m.num_active_experts / touched
+            linear += self._gemm_s(n, float(m.hidden_size), float(m.num_experts))
+            linear += sum(
+                self._gemm_s(per_expert, k, nn, count=touched) for k, nn in self._expert_shapes
+            )
+        ew = eff.elementwise
+        elementwise = ew.kernels_per_layer * ew.kernel_overhead_s + elementwise_bytes_per_layer(
+            m, tp, n
+        ) / (self._bw * ew.memory_efficiency)
+        all_reduce = 2.0 * all_reduce_time_s(
+            n * m.hidden_size * ACTIVATION_BYTES,
+            tp,
+            bandwidth_bytes_per_s=self.gpu.interconnect_bandwidth_bytes_per_s,
+            latency_s=self.gpu.interconnect_latency_s,
+            efficiency=eff.all_reduce.bandwidth_efficiency,
+        )
+        return (linear, elementwise, all_reduce)
+
+    def _gemm_s(self, tokens: float, k: float, n: float, count: float = 1.0) -> float:
+        return gemm_time_s(
+            tokens,
+            k,
+            n,
+            eff=self.efficiency.gemm,
+            peak_flops_per_s=self._peak,
+            bandwidth_bytes_per_s=self._bw,
+            weight_bytes=float(self.model.dtype_bytes),
+            count=count,
+        )
+
+    def _experts_touched(self, tokens: float) -> float:
+        """Expected distinct experts hit by ``tokens`` tokens routed uniformly (≥ active)."""
+        m = self.model
+        e, k = float(m.num_experts), float(m.num_active_experts)
+        touched = e * (1.0 - (1.0 - k / e) ** tokens) if k < e else e
+        return max(touched, min(k, e))
+
+    def _decode_attention_fixed_layer_s(self, num_decode_seqs: int) -> float:
+        """Decode attention time of one layer that does not grow with the KV tokens."""
+        if num_decode_seqs <= 0:
+            return 0.0
+        att = self.efficiency.attention
+        kv_heads = self.model.kv_heads_per_gpu(self.tensor_parallel)
+        return att.decode_kernel_overhead_s + att.decode_per_seq_kv_head_s * num_decode_seqs * (
+            kv_heads
+        )
+
+    def _prefill_attention_layer_s(self, batch: BatchShape) -> float:
+        if batch.prefill_attention_pairs <= 0 or batch.num_prefill_tokens <= 0:
+            return 0.0
+        m, tp, att = self.model, self.tensor_parallel, self.efficiency.attention
+        q_heads = m.num_attention_heads / tp
+        kv_heads = m.kv_heads_per_gpu(tp)
+        flops = 4.0 * q_heads * m.head_dim * batch.prefill_attention_pairs
+        # Q, K, V read and the output written for the chunk's tokens.
+        nbytes = (
+            ACTIVATION_BYTES * batch.num_prefill_tokens * 2.0 * (q_heads + kv_heads) * (m.head_dim)
+        )
+        return att.prefill_kernel_overhead_s + max(
+            flops / (self._peak * att.prefill_compute_efficiency),
+            nbytes / (self._bw * att.decode_memory_efficiency),
+        )
+
+    def _lm_head_s(self, rows: int) -> float:
+        """The LM head over one row per sequence in the step (memoised)."""
+        if rows <= 0:
+            return 0.0
+        cached = self._rows_cache.get(rows)
+        if cached is None:
+            m = self.model
+            cached = self._gemm_s(
+                float(rows), float(m.hidden_size), m.vocab_size / self.tensor_parallel
+            )
+            if len(self._rows_cache) >= 65536:
+                self._rows_cache.clear()
+            self._rows_cache[rows] = cached
+        return cached

@@ -1,0 +1,806 @@
+"""The batch scheduler of one engine replica, modelled on vLLM v1's ``Scheduler``.
+
+There is no prefill phase and no decode phase. Each request knows ``num_tokens`` (its
+prompt plus the tokens it has generated) and has ``num_computed_tokens`` of them in the KV
+cache; every step assigns tokens to requests so that computed tokens catch up with known
+tokens, under a token budget (``max_num_batched_tokens``) and a sequence limit
+(``max_num_seqs``). That one rule covers chunked prefill, mixed prefill/decode batches,
+prefix caching and recompute after preemption (``docs/engine-model.md`` has the details,
+the vLLM release followed, and what is simplified)::
+
+    one request's tokens (prompt P, generated G, block_size 4 in the drawing)
+    | p p p p | p p p p | p p g g | g       <- num_tokens = P + G = 13
+    |<----- computed ----->|                <- num_computed_tokens = 10
+                           |< new >|        <- tokens this step may compute: 3
+    | blk 0   | blk 1   | blk 2   | blk 3   <- blocks held: cdiv(computed + new, 4)
+
+A step, as the driver sees it (the :class:`~headway.core.engine.replica.ReplicaModel`
+does this)::
+
+    plan = scheduler.schedule()              # allocate blocks, preempt, admit
+    ... the engine computes plan.num_scheduled_tokens (duration from plan.batch) ...
+    outputs = scheduler.update_after_step(plan)   # sample tokens, finish requests
+
+``schedule()`` follows vLLM: (1) RUNNING requests in running order, each given
+``min(num_tokens - num_computed, long_prefill_token_threshold, budget)`` tokens; if its
+blocks do not fit, the lowest-priority newest running request is preempted (FCFS: the
+last of the running list; priority: the largest ``(priority, arrival)``) and its blocks
+freed, until the allocation fits or the request preempted itself. (2) Only if nobody was
+preempted: WAITING requests in queue order while the budget lasts and fewer than
+``max_num_seqs`` run; each takes its prefix-cache hits, then enters only if its blocks
+fit; the first one that does not fit stops admission (head-of-line, no preemption).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import msgspec
+
+from headway.core.engine.kv import BlockPool, chain_hash, unique_block_content
+from headway.core.engine.request import (
+    TERMINAL_STATUSES,
+    EngineRequest,
+    RequestStatus,
+    create_request_queue,
+)
+from headway.core.engine.steptime import BatchShape, prefill_pairs
+from headway.core.errors import ConfigError
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "DecodeStepsOutcome",
+    "EngineRequest",
+    "RequestStatus",
+    "SchedulePlan",
+    "Scheduler",
+    "SchedulerConfig",
+    "StepOutputs",
+]
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one replica schedules its batch (vLLM ``SchedulerConfig`` and ``CacheConfig``).
+
+    The defaults reproduce vLLM v0.11's V1 engine on an OpenAI server; ``watermark`` and
+    ``reserve_full_isl`` are later vLLM behaviours, off by default.
+    """
+
+    max_num_seqs: int = 256
+    """Most requests in the running set at once (vLLM ``--max-num-seqs``)."""
+
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step: prefill chunks plus one token per decoding request
+    (vLLM ``--max-num-batched-tokens``)."""
+
+    block_size: int = 16
+    """Tokens per KV cache block (vLLM ``--block-size``)."""
+
+    enable_chunked_prefill: bool = True
+    """Split prompts across steps to fit the token budget. When off, a waiting request
+    whose remaining prompt exceeds the budget left is skipped for this step."""
+
+    enable_prefix_caching: bool = True
+    """Keep full blocks cached by hash and reuse them for requests with the same prefix."""
+
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    """``fcfs``: waiting requests in arrival order, preempt the newest running one.
+    ``priority``: order and preempt by ``(priority, arrival)``, lower priority value first."""
+
+    long_prefill_token_threshold: int = 0
+    """If > 0, no request computes more than this many tokens in one step."""
+
+    watermark: float = 0.0
+    """Fraction of all blocks kept free when a waiting request is admitted while others
+    run (later vLLM ``--watermark``; v0.11 has none, hence 0)."""
+
+    reserve_full_isl: bool = False
+    """Admit a waiting request only if blocks for all of its known tokens fit, not only
+    its first chunk (later vLLM ``scheduler_reserve_full_isl``, default on there)."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "use 1 or more")
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            f"it must be >= max_num_seqs ({self.max_num_seqs}) so that every running "
+            "request can decode each step; raise it or lower max_num_seqs",
+        )
+        _require(self.block_size >= 1, "block_size", self.block_size, "vLLM uses 16")
+        _require(
+            self.policy in ("fcfs", "priority"),
+            "policy",
+            self.policy,
+            "use 'fcfs' or 'priority'",
+        )
+        _require(
+            self.long_prefill_token_threshold >= 0,
+            "long_prefill_token_threshold",
+            self.long_prefill_token_threshold,
+            "use 0 to disable the cap",
+        )
+        _require(
+            self.long_prefill_token_threshold == 0 or self.enable_chunked_prefill,
+            "long_prefill_token_threshold",
+            self.long_prefill_token_threshold,
+            "a per-step cap needs enable_chunked_prefill=true; set it to 0 or enable it",
+        )
+        _require(
+            0.0 <= self.watermark < 1.0,
+            "watermark",
+            self.watermark,
+            "use a fraction in [0, 1), e.g. 0.01",
+        )
+
+
+def _require(ok: bool, field: str, value: object, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"scheduler.{field} is invalid (got {value!r}): {fix}", path=f"$.{field}")
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulePlan:
+    """What one step computes: the output of :meth:`Scheduler.schedule`.
+
+    Essentially ``{request_id: num_tokens}`` (vLLM ``SchedulerOutput``), running requests
+    first, then those admitted this step, plus the batch sums the step-time model needs.
+    """
+
+    num_scheduled_tokens: Mapping[str, int]
+    """Tokens each scheduled request computes this step (>= 1 each)."""
+
+    preempted_ids: tuple[str, ...]
+    """Requests preempted while building this step (their KV is freed, recompute later)."""
+
+    admitted_ids: tuple[str, ...]
+    """Requests that left the waiting queue this step (new or resumed after preemption)."""
+
+    batch: BatchShape
+    """Sums over the batch that determine the step's duration."""
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        """Tokens computed this step: never more than ``max_num_batched_tokens``."""
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the step computes nothing."""
+        return not self.num_scheduled_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutputs:
+    """What one step produced: the output of :meth:`Scheduler.update_after_step`."""
+
+    tokens: Mapping[str, int]
+    """Tokens emitted per request (1 for a decode or a completed prefill; absent for a
+    prefill chunk that did not reach the end of the known tokens)."""
+
+    finished_ids: tuple[str, ...]
+    """Requests that generated their last token this step (their blocks are freed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeStepsOutcome:
+    """The effect of :meth:`Scheduler.apply_decode_steps`: ``num_steps`` identical
+    decode-only steps in which every running request emitted one token per step."""
+
+    num_steps: int
+    """Steps applied."""
+
+    request_ids: tuple[str, ...]
+    """The requests that decoded, in running order (each emitted ``num_steps`` tokens)."""
+
+    kv_tokens_first_step: int
+    """KV tokens read by the first step; each later step reads ``num_seqs`` more."""
+
+    finished_ids: tuple[str, ...]
+    """Requests that emitted their last token in the last step."""
+
+    @property
+    def num_seqs(self) -> int:
+        """Requests in each step's batch."""
+        return len(self.request_ids)
+
+
+class _StepBuilder:
+    """Mutable state of one ``schedule()`` call."""
+
+    __slots__ = ("admitted", "budget", "preempted", "scheduled")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.scheduled: dict[EngineRequest, int] = {}
+        self.preempted: list[EngineRequest] = []
+        self.admitted: list[EngineRequest] = []
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# -------------------------------------------------------------------------- scheduler
+
+
+class Scheduler:
+    """The running set, the waiting queue and the KV block pool of one replica.
+
+    Contract (vLLM ``SchedulerInterface``): :meth:`add_request` enqueues;
+    :meth:`schedule` decides one step and applies its bookkeeping (blocks allocated,
+    preemptions, admissions, ``num_computed_tokens`` advanced); the caller then runs the
+    step and calls :meth:`update_after_step` with the same plan, which samples one token
+    for every request whose computed tokens caught up with its known tokens and finishes
+    those that reached ``max_output_tokens``. :meth:`abort` may be called between steps.
+    :meth:`check_invariants` holds between steps.
+    """
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+        """Create an empty scheduler over a pool of ``num_blocks`` blocks.
+
+        Raises:
+            ValueError: if ``num_blocks`` is not positive.
+        """
+        self.config: Final = config
+        self.pool: Final = BlockPool(
+            num_blocks, config.block_size, enable_caching=config.enable_prefix_caching
+        )
+        self._requests: dict[str, EngineRequest] = {}
+        self._running: list[EngineRequest] = []
+        self._waiting = create_request_queue(config.policy)
+        self._seq = itertools.count()
+        self._watermark_blocks = int(config.watermark * num_blocks)
+        self.num_preemptions = 0
+        """Preemptions so far (a request preempted twice counts twice)."""
+        self.num_finished = 0
+        """Requests finished so far."""
+        self.num_aborted = 0
+        """Requests aborted so far."""
+        self.num_prefix_queried_tokens = 0
+        """Known tokens of requests at admission (first or resumed), summed."""
+        self.num_prefix_hit_tokens = 0
+        """Of those, tokens found in the prefix cache."""
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def running(self) -> Sequence[EngineRequest]:
+        """The running set in running order (read-only view; oldest admission first)."""
+        return tuple(self._running)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running set."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the waiting queue, preempted ones included."""
+        return len(self._waiting)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is running or waiting."""
+        return bool(self._requests)
+
+    def waiting(self) -> Iterator[EngineRequest]:
+        """Waiting requests in the order they would be admitted."""
+        return self._waiting.ordered()
+
+    def get_request(self, request_id: str) -> EngineRequest | None:
+        """The live (running or waiting) request with this id, or ``None``."""
+        return self._requests.get(request_id)
+
+    # ----------------------------------------------------------------- requests
+
+    def add_request(self, req: EngineRequest, arrival_s: float) -> None:
+        """Put a new request at the back of the waiting queue (its place by key under
+        the priority policy).
+
+        Raises:
+            ValueError: if the id is in use, the request was added before, its block
+                hashes describe more blocks than its prompt has, or it could never run
+                (its prompt and output need more blocks than the pool has, or, without
+                chunked prefill, more tokens than one step's budget).
+        """
+        rid = req.request_id
+        if not math.isfinite(arrival_s):
+            raise ValueError(f"request {rid!r}: arrival_s must be finite (got {arrival_s})")
+        if rid in self._requests:
+            raise ValueError(f"request {rid!r} is already in this replica; use unique ids")
+        if req._seq >= 0 or req.status is not RequestStatus.WAITING:
+            raise ValueError(f"request {rid!r} was already added to a replica; make a new one")
+        bs = self.config.block_size
+        if len(req.block_hashes) > req.num_prompt_tokens // bs:
+            raise ValueError(
+                f"request {rid!r} carries {len(req.block_hashes)} block hashes but its "
+                f"{req.num_prompt_tokens}-token prompt has {req.num_prompt_tokens // bs} full "
+                f"blocks of {bs} tokens; give hashes at the engine's block size "
+                "(kv.expand_block_hashes)"
+            )
+        max_slots = req.num_prompt_tokens + req.max_output_tokens - 1
+        if _cdiv(max_slots, bs) > self.pool.num_blocks:
+            raise ValueError(
+                f"request {rid!r} needs {_cdiv(max_slots, bs)} KV blocks for its "
+                f"{max_slots} tokens but the replica has {self.pool.num_blocks}; shorten "
+                "it or give the replica more KV memory (vLLM rejects it by max_model_len)"
+            )
+        if not self.config.enable_chunked_prefill and max_slots > (
+            self.config.max_num_batched_tokens
+        ):
+            raise ValueError(
+                f"request {rid!r} may need to recompute {max_slots} tokens in one step but "
+                f"max_num_batched_tokens is {self.config.max_num_batched_tokens} and chunked "
+                "prefill is off; enable chunked prefill or raise the budget"
+            )
+        req.arrival_s = arrival_s
+        req._seq = next(self._seq)
+        # Request-unique block hashes are salted by the add order, not by the id, so that
+        # a reused id never shares blocks with its namesake.
+        req._salt = req._seq
+        self._requests[rid] = req
+        self._waiting.push(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a live request and free its blocks now; False if it is not live."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        if req.status is RequestStatus.RUNNING:
+            self._running.remove(req)
+            self._release(req)
+        else:
+            self._waiting.discard(req)
+        req.status = RequestStatus.ABORTED
+        self.num_aborted += 1
+        return True
+
+    # ----------------------------------------------------------------- one step
+
+    def schedule(self) -> SchedulePlan:
+        """Decide the next step and apply its bookkeeping (see the module docstring)."""
+        step = _StepBuilder(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        return self._build_plan(step)
+
+    def _schedule_running(self, step: _StepBuilder) -> None:
+        """Give each running request its next tokens; preempt when blocks run out."""
+        running = self._running
+        threshold = self.config.long_prefill_token_threshold
+        i = 0
+        while i < len(running) and step.budget > 0:
+            req = running[i]
+            num_new = req.num_tokens - req.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, step.budget)
+            while not self._allocate_slots(req, num_new):
+                victim_index = self._victim_index()
+                victim = running.pop(victim_index)
+                if victim in step.scheduled:  # priority policy only: undo its tokens
+                    step.budget += step.scheduled.pop(victim)
+                if victim_index < i:
+                    i -= 1
+                self._preempt(victim)
+                step.preempted.append(victim)
+                if victim is req:
+                    return  # nothing left to preempt: stop scheduling running requests
+            step.scheduled[req] = num_new
+            step.budget -= num_new
+            i += 1
+
+    def _victim_index(self) -> int:
+        """Index in the running list of the request to preempt.
+
+        FCFS: the last one (the newest admission). Priority: the largest
+        ``(priority, arrival_s, seq)``, i.e. the least important, newest request.
+        """
+        running = self._running
+        if self.config.policy == "fcfs":
+            return len(running) - 1
+        keys = [(r.priority, r.arrival_s, r._seq) for r in running]
+        return keys.index(max(keys))
+
+    def _preempt(self, req: EngineRequest) -> None:
+        """Free a running request's KV (recompute later) and put it back in the queue."""
+        self._release(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.push_front(req)
+
+    def _schedule_waiting(self, step: _StepBuilder) -> None:
+        """Admit waiting requests, in queue order, while their blocks fit."""
+        cfg = self.config
+        bs = cfg.block_size
+        waiting = self._waiting
+        skipped: list[EngineRequest] = []
+        while step.budget > 0 and len(self._running) < cfg.max_num_seqs:
+            req = waiting.peek()
+            if req is None:
+                break
+            hits = self._prefix_hits(req)
+            num_new = self._first_chunk(req, len(hits) * bs, step.budget)
+            if num_new == 0:  # chunked prefill off and the rest does not fit the budget
+                skipped.append(waiting.pop())
+                continue
+            watermark = self._watermark_blocks if self._running else 0
+            if not self._allocate_slots(req, num_new, hits, watermark, from_waiting=True):
+                break
+            waiting.pop()
+            self._running.append(req)
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = len(hits) * bs
+            if req.num_cached_prompt_tokens < 0:
+                req.num_cached_prompt_tokens = req.num_computed_tokens
+            self.num_prefix_queried_tokens += req.num_tokens
+            self.num_prefix_hit_tokens += req.num_computed_tokens
+            step.scheduled[req] = num_new
+            step.admitted.append(req)
+            step.budget -= num_new
+        for req in reversed(skipped):  # back at the head, in their original order
+            waiting.push_front(req)
+
+    def _first_chunk(self, req: EngineRequest, num_computed: int, budget: int) -> int:
+        """Tokens a waiting request would compute if admitted now; 0 if it must be skipped."""
+        num_new = req.num_tokens - num_computed
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if not self.config.enable_chunked_prefill and num_new > budget:
+            return 0
+        return min(num_new, budget)
+
+    def _build_plan(self, step: _StepBuilder) -> SchedulePlan:
+        """Advance computed tokens and sum the batch for the step-time model."""
+        prefill_tokens = pairs = prefill_seqs = decode_seqs = decode_kv = 0
+        scheduled: dict[str, int] = {}
+        for req, num_new in step.scheduled.items():
+            prior = req.num_computed_tokens
+            if num_new == 1 and req.is_decoding:
+                decode_seqs += 1
+                decode_kv += prior
+            else:
+                prefill_seqs += 1
+                prefill_tokens += num_new
+                pairs += prefill_pairs(num_new, prior)
+            req.num_computed_tokens = prior + num_new
+            scheduled[req.request_id] = num_new
+        total = prefill_tokens + decode_seqs
+        if total > self.config.max_num_batched_tokens or step.budget < 0:
+            raise RuntimeError(
+                f"scheduled {total} tokens with a budget of "
+                f"{self.config.max_num_batched_tokens} (left {step.budget}): a scheduler bug"
+            )
+        return SchedulePlan(
+            num_scheduled_tokens=scheduled,
+            preempted_ids=tuple(r.request_id for r in step.preempted),
+            admitted_ids=tuple(r.request_id for r in step.admitted),
+            batch=BatchShape(
+                num_prefill_tokens=prefill_tokens,
+                prefill_attention_pairs=pairs,
+                num_prefill_seqs=prefill_seqs,
+                num_decode_seqs=decode_seqs,
+                decode_kv_tokens=decode_kv,
+            ),
+        )
+
+    def update_after_step(self, plan: SchedulePlan) -> StepOutputs:
+        """Sample a token for each scheduled request whose computed tokens caught up with
+        its known tokens (a decode, or the last chunk of a prefill: the first token), and
+        finish those that reached ``max_output_tokens``, freeing their blocks.
+
+        Requests aborted since :meth:`schedule` are skipped. Calling it twice with the
+        same plan does nothing the second time.
+        """
+        tokens: dict[str, int] = {}
+        finished: list[EngineRequest] = []
+        for rid in plan.num_scheduled_tokens:
+            req = self._requests.get(rid)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens == req.num_tokens:
+                req.num_output_tokens += 1
+                tokens[rid] = 1
+                if req.num_output_tokens >= req.max_output_tokens:
+                    finished.append(req)
+        if finished:
+            self._finish(finished)
+        return StepOutputs(tokens=tokens, finished_ids=tuple(r.request_id for r in finished))
+
+    def _finish(self, finished: list[EngineRequest]) -> None:
+        done = set(finished)
+        self._running = [r for r in self._running if r not in done]
+        for req in finished:
+            self._release(req)
+            req.status = RequestStatus.FINISHED
+            del self._requests[req.request_id]
+        self.num_finished += len(finished)
+
+    # ----------------------------------------------------------------- KV blocks
+
+    def _prefix_hits(self, req: EngineRequest) -> list[int]:
+        """Cached blocks for the request's prefix, at most ``num_tokens - 1`` tokens' worth
+        (the last token is always recomputed to get its logits, as in vLLM)."""
+        if not self.config.enable_prefix_caching:
+            return []
+        max_blocks = (req.num_tokens - 1) // self.config.block_size
+        return self.pool.find_cached_prefix(req.block_hashes, max_blocks)
+
+    def _blocks_to_allocate(self, req: EngineRequest, num_slots: int, hits: list[int]) -> int:
+        """Free blocks it takes to give ``req`` KV slots for its first ``num_slots``
+        tokens, reusing ``hits``: new blocks, plus hits that are free (reviving a free
+        cached block takes it out of the free queue too, as in vLLM)::
+
+            | < held blocks > | < hits > | < new blocks ...    |
+            |<------------- cdiv(num_slots, block_size) ------>|
+        """
+        pool = self.pool
+        num_new = _cdiv(num_slots, self.config.block_size) - len(req.block_ids) - len(hits)
+        evictable = sum(1 for b in hits if pool.ref_count(b) == 0)
+        return max(num_new, 0) + evictable
+
+    def _admission_blocks(
+        self, req: EngineRequest, num_new: int, hits: list[int], watermark: int, *, full: bool
+    ) -> int:
+        """Free blocks required before ``req`` may get slots for ``num_new`` more tokens."""
+        num_slots = req.num_computed_tokens + len(hits) * self.config.block_size + num_new
+        required = self._blocks_to_allocate(req, num_slots, hits) + watermark
+        if full and self.config.reserve_full_isl:
+            full_required = self._blocks_to_allocate(req, req.num_tokens, hits) + watermark
+            required = max(required, full_required)
+        return required
+
+    def _allocate_slots(
+        self,
+        req: EngineRequest,
+        num_new: int,
+        hits: list[int] | None = None,
+        watermark: int = 0,
+        *,
+        from_waiting: bool = False,
+    ) -> bool:
+        """Give ``req`` slots for ``num_new`` more tokens (vLLM ``allocate_slots``).
+
+        Returns False and changes nothing if the blocks do not fit; otherwise takes the
+        prefix hits, allocates new blocks and caches every block that is now full::
+
+            | < computed > | < hits > | < num_new > |
+                           |<-- slots to allocate -->|
+            | < cached: full blocks of known tokens >   |
+        """
+        hits = hits or []
+        pool = self.pool
+        required = self._admission_blocks(req, num_new, hits, watermark, full=from_waiting)
+        if required > pool.num_free:
+            return False
+        bs = self.config.block_size
+        if hits:
+            pool.touch(hits)
+            req.block_ids.extend(hits)
+            req._num_cached_blocks = len(hits)
+        num_slots = req.num_computed_tokens + len(hits) * bs + num_new
+        for _ in range(_cdiv(num_slots, bs) - len(req.block_ids)):
+            req.block_ids.append(pool.allocate_one())
+        self._cache_full_blocks(req, min(num_slots, req.num_tokens))
+        return True
+
+    def _cache_full_blocks(self, req: EngineRequest, num_tokens: int) -> None:
+        """Register the request's blocks that ``num_tokens`` known tokens fill."""
+        if not self.config.enable_prefix_caching:
+            return
+        num_full = num_tokens // self.config.block_size
+        start = req._num_cached_blocks
+        if num_full <= start:
+            return
+        hashes = req.block_hashes
+        while len(hashes) < num_full:
+            parent = hashes[-1] if hashes else None
+            hashes.append(chain_hash(parent, unique_block_content(req._salt, len(hashes))))
+        for i in range(start, num_full):
+            self.pool.cache_block(req.block_ids[i], hashes[i])
+        req._num_cached_blocks = num_full
+
+    def _release(self, req: EngineRequest) -> None:
+        """Free a request's blocks, last block first (its tail is evicted first)."""
+        self.pool.free(reversed(req.block_ids))
+        req.block_ids = []
+        req._num_cached_blocks = 0
+
+    # ------------------------------------------------------- decode runs (closed form)
+
+    def _blocks_for_steps(self, num_steps: int) -> int:
+        """New blocks the running set needs for ``num_steps`` more decode steps."""
+        bs = self.config.block_size
+        total = 0
+        for r in self._running:
+            need = _cdiv(r.num_computed_tokens + num_steps, bs) - len(r.block_ids)
+            if need > 0:
+                total += need
+        return total
+
+    def _max_steps_within(self, max_steps: int, max_blocks: int) -> int:
+        """Largest ``n <= max_steps`` whose decode steps need at most ``max_blocks``."""
+        lo, hi = 0, max_steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_for_steps(mid) <= max_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def decode_run_limit(self) -> int:
+        """How many next steps are certain to be identical decode-only steps.
+
+        Such a step schedules every running request for exactly one token, admits
+        nobody and preempts nobody. The run ends at the first of: a request's last token
+        (that step is included: the request finishes in it), a step whose blocks would
+        not fit (preemption), or a step in which the head of the waiting queue could be
+        admitted. 0 when the next step is not such a step (a prefill is running, a
+        waiting request fits now, ...). New arrivals are the caller's business.
+        """
+        running = self._running
+        num_seqs = len(running)
+        if num_seqs == 0 or num_seqs > self.config.max_num_batched_tokens:
+            return 0
+        max_steps = running[0].num_remaining_output_tokens
+        for r in running:
+            if not r.is_decoding:
+                return 0
+            max_steps = min(max_steps, r.num_remaining_output_tokens)
+        steps = self._max_steps_within(max_steps, self.pool.num_free)
+        if steps == 0:
+            return 0
+        return self._limit_by_waiting(steps)
+
+    def _limit_by_waiting(self, steps: int) -> int:
+        """Shorten a decode run so that no waiting request could be admitted inside it.
+
+        Admission of the candidate (the head, or the first one chunking does not skip)
+        depends on free blocks, which only fall during the run, and on its prefix hits,
+        which only change if an allocation evicts one of them: stop before that.
+        """
+        cfg = self.config
+        budget_left = cfg.max_num_batched_tokens - len(self._running)
+        if not self._waiting or len(self._running) >= cfg.max_num_seqs or budget_left <= 0:
+            return steps
+        candidates = (
+            self._waiting.ordered() if not cfg.enable_chunked_prefill else [self._waiting.peek()]
+        )
+        for req in candidates:
+            if req is None:
+                return steps
+            hits = self._prefix_hits(req)
+            num_new = self._first_chunk(req, len(hits) * cfg.block_size, budget_left)
+            if num_new == 0:
+                continue
+            evictable = {b for b in hits if self.pool.ref_count(b) == 0}
+            if evictable:
+                limit = self._blocks_for_steps(steps)
+                position = self.pool.free_queue_position(evictable, limit)
+                steps = self._max_steps_within(steps, position)
+                if steps == 0:
+                    return 0
+            required = self._admission_blocks(req, num_new, hits, self._watermark_blocks, full=True)
+            if required <= self.pool.num_free - self._blocks_for_steps(1):
+                return 0
+            return steps
+        return steps
+
+    def apply_decode_steps(self, num_steps: int) -> DecodeStepsOutcome:
+        """Apply ``num_steps`` identical decode-only steps at once.
+
+        Equivalent to ``num_steps`` rounds of :meth:`schedule` and
+        :meth:`update_after_step`, block for block: blocks are taken from the pool in the
+        order the steps would take them (step by step, running order within a step) and
+        cached as they fill, so the pool ends in the same state.
+
+        Raises:
+            ValueError: if ``num_steps`` is not in ``1..decode_run_limit()``.
+        """
+        limit = self.decode_run_limit()
+        if not 1 <= num_steps <= limit:
+            raise ValueError(
+                f"num_steps must be in 1..{limit} (got {num_steps}); ask "
+                "decode_run_limit() how many identical decode steps are safe"
+            )
+        bs = self.config.block_size
+        running = self._running
+        # Step k computes position p = c + k - 1 of a request with c computed tokens: it
+        # needs a new block when p % bs == 0 and fills one when (p + 1) % bs == 0.
+        events: list[tuple[int, int, int]] = []
+        for index, r in enumerate(running):
+            c = r.num_computed_tokens
+            events.extend((k, index, 0) for k in range((-c) % bs + 1, num_steps + 1, bs))
+            events.extend((k, index, 1) for k in range((-c - 1) % bs + 1, num_steps + 1, bs))
+        events.sort()
+        for k, index, kind in events:
+            r = running[index]
+            if kind == 0:
+                r.block_ids.append(self.pool.allocate_one())
+            else:
+                self._cache_full_blocks(r, r.num_computed_tokens + k)
+        kv_first = 0
+        for r in running:
+            kv_first += r.num_computed_tokens
+            r.num_computed_tokens += num_steps
+            r.num_output_tokens += num_steps
+        request_ids = tuple(r.request_id for r in running)
+        finished = [r for r in running if r.num_output_tokens >= r.max_output_tokens]
+        if finished:
+            self._finish(finished)
+        return DecodeStepsOutcome(
+            num_steps=num_steps,
+            request_ids=request_ids,
+            kv_tokens_first_step=kv_first,
+            finished_ids=tuple(r.request_id for r in finished),
+        )
+
+    # ----------------------------------------------------------------- invariants
+
+    def check_invariants(self) -> None:
+        """Raise ``RuntimeError`` if the scheduler's state is inconsistent (between steps).
+
+        Checks the pool's own invariants, then: the running set is within
+        ``max_num_seqs`` and holds RUNNING requests each once; each running request holds
+        exactly ``cdiv(num_computed_tokens, block_size)`` blocks, has computed at most its
+        known tokens and has tokens left to generate; waiting requests hold no blocks and
+        have computed nothing; live requests are exactly running plus waiting; every
+        block's ref count equals the number of requests holding it; a request's cached
+        blocks carry its block hashes.
+        """
+        self.pool.check_invariants()
+        cfg = self.config
+        if len(self._running) > cfg.max_num_seqs:
+            raise RuntimeError(f"{len(self._running)} running > max_num_seqs {cfg.max_num_seqs}")
+        waiting = list(self._waiting.ordered())
+        if len(waiting) != len(self._waiting):
+            raise RuntimeError(f"waiting count {len(self._waiting)} != {len(waiting)} queued")
+        live = {id(r) for r in self._running} | {id(r) for r in waiting}
+        if len(live) != len(self._running) + len(waiting) or live != {
+            id(r) for r in self._requests.values()
+        }:
+            raise RuntimeError("live requests are not exactly the running plus waiting ones")
+        holders = [0] * self.pool.num_blocks
+        for r in self._running:
+            self._check_running(r)
+            for b in r.block_ids:
+                holders[b] += 1
+        for r in waiting:
+            if r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                raise RuntimeError(f"{r!r} is queued with status {r.status.value}")
+            if r.block_ids or r.num_computed_tokens:
+                raise RuntimeError(f"waiting {r!r} holds blocks or computed tokens")
+        for b, count in enumerate(holders):
+            if self.pool.ref_count(b) != count:
+                raise RuntimeError(
+                    f"block {b} has ref count {self.pool.ref_count(b)} but {count} holders"
+                )
+
+    def _check_running(self, r: EngineRequest) -> None:
+        bs = self.config.block_size
+        if r.status is not RequestStatus.RUNNING:
+            raise RuntimeError(f"{r!r} is in the running set")
+        if not 0 < r.num_computed_tokens <= r.num_tokens:
+            raise RuntimeError(f"{r!r} has computed tokens out of range")
+        if len(r.block_ids) != _cdiv(r.num_computed_tokens, bs):
+            raise RuntimeError(f"{r!r} holds {len(r.block_ids)} blocks")
+        if not 0 <= r.num_output_tokens < r.max_output_tokens:
+            raise RuntimeError(f"{r!r} should have finished")
+        if r._num_cached_blocks > len(r.block_ids):
+            raise RuntimeError(f"{r!r} has more cached blocks than blocks")
+        for i in range(r._num_cached_blocks):
+            if self.pool.block_hash(r.block_ids[i]) != r.block_hashes[i]:
+                raise RuntimeError(f"{r!r} block {i} is cached under another hash")

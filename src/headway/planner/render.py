@@ -11,31 +11,18 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from headway.files.jsonout import to_builtins, to_json
 from headway.planner.analytic import AnalyticPlan, Period
-
-
-def _round(value: Any, digits: int = 10) -> Any:
-    """Round floats to ``digits`` significant digits, recursively (13.799999999999999 → 13.8)."""
-    if isinstance(value, float):
-        if value == 0 or not math.isfinite(value):
-            return value
-        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
-    if isinstance(value, dict):
-        return {k: _round(v, digits) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_round(v, digits) for v in value]
-    return value
 
 
 def plan_to_builtins(plan: msgspec.Struct) -> Any:
     """The plan as JSON-ready builtins, floats rounded to 10 significant digits."""
-    return _round(msgspec.to_builtins(plan))
+    return to_builtins(plan)
 
 
 def plan_to_json(plan: msgspec.Struct) -> str:
     """The plan as indented JSON text."""
-    data = plan_to_builtins(plan)
-    return msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n"
+    return to_json(plan)
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:

@@ -344,6 +344,26 @@ class ReplicaModel:
                 hi = mid - 1
         return lo
 
+    def preview_decode_run(self, now: float, num_steps: int) -> DecodeRun:
+        """The run that :meth:`advance_decode_steps` would apply, without applying it.
+
+        Lets a driver schedule the run's end (and split it when something arrives) while
+        the replica's state stays as it is until the steps are really applied.
+        """
+        running = self.scheduler.running
+        _, kv_first, base_s, per_kv_token_s = self._decode_affine()
+        return DecodeRun(
+            start_s=now,
+            num_steps=num_steps,
+            request_ids=tuple(r.request_id for r in running),
+            kv_tokens_first_step=kv_first,
+            base_s=base_s,
+            per_kv_token_s=per_kv_token_s,
+            finished_ids=tuple(
+                r.request_id for r in running if r.num_remaining_output_tokens == num_steps
+            ),
+        )
+
     def advance_decode_steps(self, now: float, num_steps: int) -> DecodeRun:
         """Apply ``num_steps`` identical decode-only steps starting at ``now``.
 

@@ -1,0 +1,150 @@
+"""Latency summaries, SLO attainment, goodput and Little's-law checks from request records.
+
+Pure functions over numpy columns, shared by every driver that measures requests (the
+simulator now; bench and the gateway later). Vocabulary as in DESIGN.md: **SLO
+attainment** counts every offered request in its denominator (a request that never
+completed did not meet its SLO); **SLO goodput** is requests that met every named bound,
+per second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class LatencySummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Mean and percentiles of one latency, in seconds (NaN-free; None when empty)."""
+
+    count: int
+    mean_s: float | None
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+    max_s: float | None
+
+
+def summarize(values: FloatArray) -> LatencySummary:
+    """Summarise the finite values of ``values`` (numpy linear percentiles)."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return LatencySummary(count=0, mean_s=None, p50_s=None, p90_s=None, p99_s=None, max_s=None)
+    p50, p90, p99 = np.percentile(finite, [50, 90, 99]).tolist()
+    return LatencySummary(
+        count=int(finite.size),
+        mean_s=float(finite.mean()),
+        p50_s=p50,
+        p90_s=p90,
+        p99_s=p99,
+        max_s=float(finite.max()),
+    )
+
+
+def summarize_histogram(counts: npt.NDArray[np.int64], edges: FloatArray) -> LatencySummary:
+    """Summarise a histogram of values (each bin stands at its geometric centre)."""
+    total = int(counts.sum())
+    if total == 0:
+        return LatencySummary(count=0, mean_s=None, p50_s=None, p90_s=None, p99_s=None, max_s=None)
+    centres = np.sqrt(edges[:-1] * edges[1:])
+    cum = np.cumsum(counts)
+
+    def pct(q: float) -> float:
+        return float(centres[int(np.searchsorted(cum, q * total, side="left"))])
+
+    nonzero = np.flatnonzero(counts)
+    return LatencySummary(
+        count=total,
+        mean_s=float(np.dot(counts, centres) / total),
+        p50_s=pct(0.5),
+        p90_s=pct(0.9),
+        p99_s=pct(0.99),
+        max_s=float(edges[nonzero[-1] + 1]),
+    )
+
+
+def tpot_s(
+    e2e_s: FloatArray, ttft_s: FloatArray, output_tokens: npt.NDArray[np.int64]
+) -> FloatArray:
+    """Time per output token after the first: (e2e − TTFT) / (output tokens − 1).
+
+    NaN for requests with one output token (no gap to measure).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = (e2e_s - ttft_s) / (output_tokens - 1)
+    out[output_tokens <= 1] = np.nan
+    return np.asarray(out, dtype=np.float64)
+
+
+def meets_slo(
+    ttft_s: FloatArray,
+    tpot: FloatArray,
+    e2e_s: FloatArray,
+    *,
+    ttft_bound_s: FloatArray,
+    tpot_bound_s: FloatArray,
+    e2e_bound_s: FloatArray,
+) -> npt.NDArray[np.bool_]:
+    """Whether each request met every named bound (NaN bound: not named).
+
+    A request that did not complete (NaN e2e) never meets its SLO; a one-token request
+    has no TPOT and meets a TPOT bound trivially.
+    """
+    completed = np.isfinite(e2e_s)
+    ok_ttft = np.isnan(ttft_bound_s) | (ttft_s <= ttft_bound_s)
+    ok_tpot = np.isnan(tpot_bound_s) | np.isnan(tpot) | (tpot <= tpot_bound_s)
+    ok_e2e = np.isnan(e2e_bound_s) | (e2e_s <= e2e_bound_s)
+    return np.asarray(completed & ok_ttft & ok_tpot & ok_e2e)
+
+
+@dataclass(frozen=True, slots=True)
+class LittleCheck:
+    """Little's law at one boundary: measured L against λW."""
+
+    boundary: str
+    mean_in_system: float
+    """L measured from the time series."""
+    arrival_rate_per_s: float
+    """λ: completed items per second over the window."""
+    mean_time_in_system_s: float
+    """W: mean time each completed item spent inside."""
+
+    @property
+    def lambda_w(self) -> float:
+        """λW."""
+        return self.arrival_rate_per_s * self.mean_time_in_system_s
+
+    @property
+    def relative_mismatch(self) -> float:
+        """|L − λW| / max(L, λW); 0 when both are 0."""
+        top = max(self.mean_in_system, self.lambda_w)
+        return 0.0 if top == 0 else abs(self.mean_in_system - self.lambda_w) / top
+
+
+def little_check(
+    boundary: str,
+    enter_s: FloatArray,
+    leave_s: FloatArray,
+    window_start_s: float,
+    window_end_s: float,
+    sample_times_s: FloatArray,
+    sample_counts: FloatArray,
+) -> LittleCheck:
+    """Compare the sampled mean occupancy with λW over a window.
+
+    ``sample_counts`` is an independent measurement of items inside at ``sample_times_s``;
+    λ and W come from the records of items that entered and left within the window.
+    """
+    span = window_end_s - window_start_s
+    inside = (sample_times_s >= window_start_s) & (sample_times_s <= window_end_s)
+    mean_l = float(sample_counts[inside].mean()) if inside.any() else math.nan
+    done = np.isfinite(leave_s) & np.isfinite(enter_s)
+    done &= (enter_s >= window_start_s) & (leave_s <= window_end_s)
+    lam = float(done.sum()) / span if span > 0 else math.nan
+    w = float((leave_s[done] - enter_s[done]).mean()) if done.any() else 0.0
+    return LittleCheck(boundary, mean_l, lam, w)

@@ -1,0 +1,165 @@
+"""The cluster file: replicas, their model and GPU, engine settings and the router.
+
+```yaml
+replicas: 4
+model: llama-3-8b          # a catalog name, or one defined under `catalog.models`
+gpu: h100
+tensor_parallel: 1
+engine: {max_num_seqs: 256, max_num_batched_tokens: 8192}
+router: least_outstanding_requests
+```
+
+:func:`build_replica` turns the spec into a :class:`ReplicaModel` with a roofline step-time
+model (or a measured profile) and a KV pool sized from GPU memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+from headway.core.engine.capacity import kv_capacity_tokens
+from headway.core.engine.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from headway.core.engine.replica import ReplicaModel
+from headway.core.engine.roofline import EfficiencyTable, RooflineStepTime
+from headway.core.engine.scheduler import SchedulerConfig
+from headway.core.engine.steptime import AffineStepTime, StepTimeModel
+from headway.core.errors import ConfigError
+from headway.core.policy.routing import RouterKind
+
+
+class Disaggregation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Prefill/decode disaggregation: separate pools, KV moved between them."""
+
+    prefill_replicas: int
+    """Replicas that only prefill (the rest of ``replicas`` only decode)."""
+
+    kv_transfer_bandwidth_bytes_per_s: float | None = None
+    """Bandwidth of the KV transfer (default: the GPU's interconnect)."""
+
+    def __post_init__(self) -> None:
+        if self.prefill_replicas < 1:
+            raise ValueError(f"`prefill_replicas` must be >= 1 (got {self.prefill_replicas})")
+
+
+class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A pool of identical replicas behind one router."""
+
+    replicas: int = 1
+    """How many replicas."""
+
+    model: str = "llama-3-8b"
+    """The model (a catalog name or one defined in ``catalog``)."""
+
+    gpu: str = "h100"
+    """The GPU (a catalog name or one defined in ``catalog``)."""
+
+    tensor_parallel: int = 1
+    """GPUs per replica."""
+
+    engine: SchedulerConfig = SchedulerConfig()
+    """Scheduler and KV-cache settings (vLLM's names)."""
+
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the engine may use (vLLM's default 0.9)."""
+
+    num_kv_blocks: int | None = None
+    """Override the KV pool size in blocks (default: from memory)."""
+
+    router: RouterKind = "least_outstanding_requests"
+    """How the cluster's router picks a replica."""
+
+    step_time: Literal["roofline", "profile"] = "roofline"
+    """Predict step times from the roofline, or from a measured ``profile``."""
+
+    profile: AffineStepTime | None = None
+    """A measured step-time profile (``headway calibrate`` writes one)."""
+
+    disaggregation: Disaggregation | None = None
+    """Separate prefill and decode pools (not yet simulated; rejected for now)."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"`replicas` must be >= 1 (got {self.replicas})")
+        if self.tensor_parallel < 1:
+            raise ValueError(f"`tensor_parallel` must be >= 1 (got {self.tensor_parallel})")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"`gpu_memory_utilization` must be in (0, 1] (got {self.gpu_memory_utilization})"
+            )
+        if self.step_time == "profile" and self.profile is None:
+            raise ValueError("`step_time: profile` needs a `profile`")
+        if self.disaggregation is not None:
+            raise ValueError(
+                "`disaggregation` is not simulated yet; remove it (each replica then does "
+                "both prefill and decode)"
+            )
+
+
+def _resolve(spec: ClusterSpec) -> tuple[ModelSpec, GpuSpec]:
+    return get_model(spec.model), get_gpu(spec.gpu)
+
+
+def num_kv_blocks(spec: ClusterSpec) -> int:
+    """KV blocks per replica: the override, or memory × utilization − weights − reserve."""
+    if spec.num_kv_blocks is not None:
+        return spec.num_kv_blocks
+    model, gpu = _resolve(spec)
+    tokens = kv_capacity_tokens(
+        model,
+        gpu,
+        spec.tensor_parallel,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        block_size=spec.engine.block_size,
+    )
+    blocks = tokens // spec.engine.block_size
+    if blocks < 1:
+        raise ConfigError(
+            f"{model.name} does not fit on {spec.tensor_parallel} × {gpu.name} with "
+            f"gpu_memory_utilization {spec.gpu_memory_utilization}: no memory is left for "
+            "the KV cache; raise tensor_parallel or use a GPU with more memory",
+            path="$.tensor_parallel",
+        )
+    return blocks
+
+
+def step_time_model(spec: ClusterSpec, efficiency: EfficiencyTable) -> StepTimeModel:
+    """The step-time model the cluster's replicas use."""
+    if spec.step_time == "profile" and spec.profile is not None:
+        return spec.profile
+    model, gpu = _resolve(spec)
+    return RooflineStepTime(
+        model=model,
+        gpu=gpu,
+        efficiency=efficiency.profile_for(gpu),
+        tensor_parallel=spec.tensor_parallel,
+    )
+
+
+def build_replica(spec: ClusterSpec, step_time: StepTimeModel) -> ReplicaModel:
+    """One idle replica of the cluster."""
+    return ReplicaModel(spec.engine, num_kv_blocks(spec), step_time)
+
+
+def parse_cluster(data: object, source: str = "<cluster>") -> ClusterSpec:
+    """Validate already-parsed data as a cluster; errors name the key path."""
+    if data is None:
+        data = {}
+    try:
+        return msgspec.convert(data, ClusterSpec)
+    except msgspec.ValidationError as error:
+        message = str(error)
+        path = "$"
+        if " - at `" in message:
+            message, _, rest = message.partition(" - at `")
+            path = rest.rstrip("`")
+        raise ConfigError(f"{source}: {path}: {message}", path=path) from None
+
+
+def replicas_needed_hint(tokens_per_s: float, per_replica_tokens_per_s: float) -> int:
+    """A first guess of replicas for a token rate (used to seed searches)."""
+    if per_replica_tokens_per_s <= 0:
+        return 1
+    return max(1, math.ceil(tokens_per_s / per_replica_tokens_per_s))

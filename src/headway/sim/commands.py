@@ -1,0 +1,178 @@
+"""The ``headway simulate`` and ``headway sweep`` verbs.
+
+``headway simulate WORKLOAD [--cluster CLUSTER.yaml] [--seed N] [--duration-s S]
+[--load X] [--json] [--out DIR]`` runs one simulation; ``--out`` writes ``result.json``
+and ``records.npz`` (per-call records, one column per array).
+``headway sweep WORKLOAD [--cluster ...] (--loads 0.5,1,2 | --search) [--jobs N]``
+scales offered load and finds the knee.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from headway.core.errors import ConfigError
+from headway.core.workload.scale import scale_workload
+from headway.files.jsonout import to_json
+from headway.files.output import write_text_atomic
+from headway.files.workload import load_workload, read_yaml
+from headway.sim.cluster import ClusterSpec, parse_cluster
+from headway.sim.results import SimResult, write_records
+from headway.sim.run import simulate
+from headway.sim.simulator import SimOptions
+from headway.sim.sweep import sweep
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``simulate`` and ``sweep``."""
+    sim = subparsers.add_parser(
+        "simulate",
+        help="simulate a workload on a cluster: goodput, tails, KV occupancy",
+        description="Discrete-event simulation of a workload on a cluster of replicas.",
+    )
+    _common(sim)
+    sim.add_argument("--load", type=float, default=1.0, help="offered-load factor (default 1)")
+    sim.add_argument("--duration-s", type=float, default=None, help="run length (default: file's)")
+    sim.add_argument("--no-skip", action="store_true", help="step every decode step (slower)")
+    sim.add_argument("--out", type=Path, default=None, help="folder for result.json, records.npz")
+    sim.set_defaults(handler=_simulate)
+    sw = subparsers.add_parser(
+        "sweep",
+        help="scale offered load and find the knee",
+        description="Simulate a workload at several offered loads; find the knee by search.",
+    )
+    _common(sw)
+    sw.add_argument("--loads", default=None, help="comma-separated load factors, e.g. 0.5,1,2")
+    sw.add_argument("--search", action="store_true", help="search for the knee")
+    sw.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    sw.add_argument("--out", type=Path, default=None, help="folder for sweep.json")
+    sw.set_defaults(handler=_sweep)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", metavar="WORKLOAD", help="the workload file (YAML)")
+    parser.add_argument("--cluster", type=Path, default=None, help="the cluster file (YAML)")
+    parser.add_argument("--seed", type=int, default=None, help="run seed (default: file's)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def load_cluster(path: Path | None) -> ClusterSpec:
+    """The cluster file, or the default cluster (one Llama-3-8B replica on an H100)."""
+    if path is None:
+        return ClusterSpec()
+    return parse_cluster(read_yaml(path), str(path))
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if not args.load > 0:
+        raise ConfigError(f"--load must be > 0 (got {args.load}); 1 is the file's load")
+    loaded = load_workload(args.workload)
+    cluster = load_cluster(args.cluster)
+    spec = scale_workload(loaded.spec, args.load) if args.load != 1 else loaded.spec
+    started = time.perf_counter()
+    result, outcome, workload = simulate(
+        spec,
+        cluster,
+        seed=args.seed,
+        duration_s=args.duration_s,
+        traces=loaded.traces,
+        options=SimOptions(skip_decode=not args.no_skip),
+    )
+    wall_s = time.perf_counter() - started
+    if args.out is not None:
+        write_text_atomic(args.out / "result.json", to_json(result))
+        write_records(args.out / "records.npz", workload, outcome)
+    if args.json:
+        sys.stdout.write(to_json(result))
+    else:
+        _print_result(result, wall_s)
+        if args.out is not None:
+            Console().print(f"wrote {args.out / 'result.json'} and {args.out / 'records.npz'}")
+    return 0
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _print_result(r: SimResult, wall_s: float) -> None:
+    console = Console()
+    table = Table(title=f"{r.workload}: {r.calls} calls on {r.engine.replicas} replica(s)")
+    for col in ("", "mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="left" if not col else "right")
+    for name, s in (
+        ("TTFT", r.latencies.ttft),
+        ("TPOT", r.latencies.tpot),
+        ("ITL", r.itl),
+        ("e2e", r.latencies.e2e),
+        ("queue", r.latencies.queue),
+    ):
+        table.add_row(name, *(_fmt_s(v) for v in (s.mean_s, s.p50_s, s.p90_s, s.p99_s, s.max_s)))
+    console.print(table)
+    console.print(
+        f"SLO attainment {r.slo.attainment:.1%} (goodput {r.slo.goodput_per_s:.2f}/s); "
+        f"tasks within deadline {r.slo.task_attainment:.1%}; throughput "
+        f"{r.throughput.requests_per_s:.2f} req/s, {r.throughput.output_tokens_per_s:,.0f} "
+        f"output tok/s; preemptions {r.engine.preemptions}; Little's law mismatch "
+        f"{r.little.relative_mismatch:.1%}; simulated in {wall_s:.2f} s "
+        f"({r.engine.steps:,} steps, {r.engine.steps_skipped:,} skipped)"
+    )
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    if not args.loads and not args.search:
+        raise ConfigError("give --loads 0.5,1,2 or --search (or both)")
+    factors = None
+    if args.loads:
+        try:
+            factors = [float(x) for x in args.loads.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(
+                f"--loads must be comma-separated numbers (got {args.loads!r}), e.g. 0.5,1,2"
+            ) from None
+        if not factors or any(not f > 0 for f in factors):
+            raise ConfigError(f"--loads must be numbers > 0 (got {args.loads!r})")
+    jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
+    loaded = load_workload(args.workload)
+    cluster = load_cluster(args.cluster)
+    result = sweep(
+        loaded.spec, cluster, factors=factors, search=args.search, seed=args.seed, jobs=jobs,
+        traces=loaded.traces,
+    )  # fmt: skip
+    text = to_json(result)
+    if args.out is not None:
+        write_text_atomic(args.out / "sweep.json", text)
+    if args.json:
+        sys.stdout.write(text)
+        return 0
+    table = Table(title=f"{result.workload}: offered load sweep")
+    for col in ("load", "tasks/s", "calls/s", "attainment", "goodput/s", "TTFT p99", "TPOT p99"):
+        table.add_column(col, justify="right")
+    for p in result.points:
+        table.add_row(
+            f"{p.load_factor:.3g}×", f"{p.offered_tasks_per_s:.3g}",
+            f"{p.offered_calls_per_s:.3g}", f"{p.slo_attainment:.1%}",
+            f"{p.goodput_per_s:.3g}", _fmt_s(p.ttft_p99_s), _fmt_s(p.tpot_p99_s),
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    if result.knee is not None:
+        k = result.knee
+        console.print(
+            f"knee: {k.load_factor:.3g}× the file's load ({k.offered_tasks_per_s:.3g} tasks/s, "
+            f"{k.offered_calls_per_s:.3g} calls/s) keeps attainment >= {k.target:.0%}"
+            if k.found
+            else f"even {k.upper_load_factor:.3g}× the file's load misses {k.target:.0%}"
+        )
+    return 0

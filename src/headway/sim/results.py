@@ -1,0 +1,309 @@
+"""Turn a simulation's records into its summary (``simulate --json``) and columnar files.
+
+Latency summaries (TTFT, TPOT, ITL, e2e) overall and by class, tenant, priority and
+input-length bucket; throughput; SLO attainment and goodput; task outcomes; KV occupancy
+and queue lengths over time; the Little's-law check at the replica boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from headway.core.metrics import (
+    LatencySummary,
+    little_check,
+    meets_slo,
+    summarize,
+    summarize_histogram,
+    tpot_s,
+)
+from headway.core.workload.compile import CompiledWorkload
+from headway.core.workload.spec import PRIORITIES
+from headway.sim.simulator import SimOutcome
+
+SCHEMA = "headway.simulate/1"
+LENGTH_BUCKETS = (0, 512, 2048, 8192, 32768)
+"""Input-length bucket edges (tokens) for segmented tails."""
+
+
+class Latencies(msgspec.Struct, frozen=True, kw_only=True):
+    """The four latencies of one group of calls."""
+
+    ttft: LatencySummary
+    tpot: LatencySummary
+    e2e: LatencySummary
+    queue: LatencySummary
+    """From dispatch to first admission into the running set."""
+
+
+class Group(msgspec.Struct, frozen=True, kw_only=True):
+    """One segment of the calls (a class, tenant, priority or length bucket)."""
+
+    name: str
+    calls: int
+    completed: int
+    slo_attainment: float | None
+    latencies: Latencies
+
+
+class Throughput(msgspec.Struct, frozen=True, kw_only=True):
+    """Work completed per second over the run (first arrival to last completion)."""
+
+    window_s: float
+    requests_per_s: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+
+
+class Slo(msgspec.Struct, frozen=True, kw_only=True):
+    """SLO attainment (over offered calls) and goodput (met SLO per second)."""
+
+    offered_calls: int
+    met: int
+    attainment: float
+    goodput_per_s: float
+    offered_tasks: int
+    tasks_completed: int
+    tasks_met_deadline: int
+    task_attainment: float
+    verified_goodput_per_s: float
+    """Tasks completed within their deadline, per second."""
+
+
+class Timeline(msgspec.Struct, frozen=True, kw_only=True):
+    """The cluster sampled over time."""
+
+    time_s: list[float]
+    running: list[int]
+    waiting: list[int]
+    kv_usage: list[float]
+    """Mean over replicas of the fraction of KV blocks held."""
+
+
+class Little(msgspec.Struct, frozen=True, kw_only=True):
+    """L = λW at the replica boundary: sampled occupancy vs records."""
+
+    boundary: str
+    mean_in_system: float
+    arrival_rate_per_s: float
+    mean_time_in_system_s: float
+    lambda_w: float
+    relative_mismatch: float
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
+    """What the replicas did."""
+
+    replicas: int
+    kv_blocks_per_replica: int
+    steps: int
+    steps_skipped: int
+    """Steps applied in closed form inside decode runs (no event of their own)."""
+    events: int
+    preemptions: int
+    cancelled_calls: int
+
+
+class SimResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The summary of one simulation."""
+
+    schema: str
+    workload: str
+    seed: int
+    duration_s: float
+    end_s: float
+    calls: int
+    completed_calls: int
+    throughput: Throughput
+    latencies: Latencies
+    itl: LatencySummary
+    slo: Slo
+    by_class: list[Group]
+    by_tenant: list[Group]
+    by_priority: list[Group]
+    by_length: list[Group]
+    timeline: Timeline
+    little: Little
+    engine: EngineStats
+
+
+def _bounds(w: CompiledWorkload) -> tuple[npt.NDArray[np.float64], ...]:
+    """Per-call TTFT, TPOT and e2e bounds (NaN when a class names none)."""
+    per_class = [w.spec.classes[c].slo for c in w.class_names]
+    cls = w.task_class[w.call_task]
+
+    def column(name: str) -> npt.NDArray[np.float64]:
+        values = np.array(
+            [math.nan if getattr(s, name) is None else getattr(s, name) for s in per_class]
+        )
+        return np.asarray(values[cls], dtype=np.float64)
+
+    return column("ttft_s"), column("tpot_s"), column("e2e_s")
+
+
+def _latencies(
+    mask: npt.NDArray[np.bool_],
+    ttft: npt.NDArray[np.float64],
+    tpot: npt.NDArray[np.float64],
+    e2e: npt.NDArray[np.float64],
+    queue: npt.NDArray[np.float64],
+) -> Latencies:
+    return Latencies(
+        ttft=summarize(ttft[mask]),
+        tpot=summarize(tpot[mask]),
+        e2e=summarize(e2e[mask]),
+        queue=summarize(queue[mask]),
+    )
+
+
+def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> SimResult:
+    """The summary of a finished simulation."""
+    c = out.calls
+    ttft = c.first_token_s - c.dispatch_s
+    completed = np.isfinite(c.finish_s) & ~c.cancelled
+    e2e = np.where(completed, c.finish_s - c.dispatch_s, np.nan)
+    tpot = tpot_s(e2e, ttft, c.num_output_tokens)
+    queue = c.admitted_s - c.dispatch_s
+    b_ttft, b_tpot, b_e2e = _bounds(w)
+    met = meets_slo(ttft, tpot, e2e, ttft_bound_s=b_ttft, tpot_bound_s=b_tpot, e2e_bound_s=b_e2e)
+    n = w.num_calls
+    first = float(w.task_arrival_s[0]) if w.num_tasks else 0.0
+    last = float(np.nanmax(c.finish_s)) if n and np.isfinite(c.finish_s).any() else first
+    window = max(last - first, 1e-9)
+
+    def group(name: str, mask: npt.NDArray[np.bool_]) -> Group:
+        calls = int(mask.sum())
+        return Group(
+            name=name,
+            calls=calls,
+            completed=int((mask & completed).sum()),
+            slo_attainment=float((mask & met).sum()) / calls if calls else None,
+            latencies=_latencies(mask & completed, ttft, tpot, e2e, queue),
+        )
+
+    call_class = w.task_class[w.call_task]
+    call_tenant = w.task_tenant[w.call_task]
+    call_priority = w.task_priority[w.call_task]
+    buckets = np.searchsorted(LENGTH_BUCKETS, w.call_input_tokens, side="right") - 1
+    bucket_names = [
+        f"{LENGTH_BUCKETS[i]}-{LENGTH_BUCKETS[i + 1]}" if i + 1 < len(LENGTH_BUCKETS)
+        else f">={LENGTH_BUCKETS[i]}"
+        for i in range(len(LENGTH_BUCKETS))
+    ]  # fmt: skip
+    task_done = np.isfinite(out.task_finish_s)
+    deadlines = np.array(
+        [
+            math.inf if w.spec.classes[k].slo.task_deadline_s is None
+            else w.spec.classes[k].slo.task_deadline_s
+            for k in w.class_names
+        ]
+    )[w.task_class]  # fmt: skip
+    task_met = task_done & (out.task_finish_s - w.task_arrival_s <= deadlines)
+    occupancy = (out.timeline_running + out.timeline_waiting).astype(np.float64)
+    little = little_check(
+        "replicas (admitted sequences + waiting)",
+        c.dispatch_s,
+        c.finish_s,
+        0.0,
+        out.end_s,
+        out.timeline_s,
+        occupancy,
+    )
+    return SimResult(
+        schema=SCHEMA,
+        workload=w.spec.name,
+        seed=w.seed,
+        duration_s=w.duration_s,
+        end_s=out.end_s,
+        calls=n,
+        completed_calls=int(completed.sum()),
+        throughput=Throughput(
+            window_s=window,
+            requests_per_s=float(completed.sum()) / window,
+            input_tokens_per_s=float(w.call_input_tokens[completed].sum()) / window,
+            output_tokens_per_s=float(c.num_output_tokens[completed].sum()) / window,
+        ),
+        latencies=_latencies(completed, ttft, tpot, e2e, queue),
+        itl=summarize_histogram(out.itl_histogram, out.itl_edges_s),
+        slo=Slo(
+            offered_calls=n,
+            met=int(met.sum()),
+            attainment=float(met.sum()) / n if n else 0.0,
+            goodput_per_s=float(met.sum()) / window,
+            offered_tasks=w.num_tasks,
+            tasks_completed=int(task_done.sum()),
+            tasks_met_deadline=int(task_met.sum()),
+            task_attainment=float(task_met.sum()) / w.num_tasks if w.num_tasks else 0.0,
+            verified_goodput_per_s=float(task_met.sum()) / window,
+        ),
+        by_class=[group(name, call_class == i) for i, name in enumerate(w.class_names)],
+        by_tenant=[group(name, call_tenant == i) for i, name in enumerate(w.tenant_names)],
+        by_priority=[
+            group(p, call_priority == i)
+            for i, p in enumerate(PRIORITIES)
+            if (call_priority == i).any()
+        ],
+        by_length=[
+            group(bucket_names[i], buckets == i)
+            for i in range(len(LENGTH_BUCKETS))
+            if (buckets == i).any()
+        ],
+        timeline=Timeline(
+            time_s=out.timeline_s.tolist(),
+            running=out.timeline_running.tolist(),
+            waiting=out.timeline_waiting.tolist(),
+            kv_usage=out.timeline_kv_usage.tolist(),
+        ),
+        little=Little(
+            boundary=little.boundary,
+            mean_in_system=little.mean_in_system,
+            arrival_rate_per_s=little.arrival_rate_per_s,
+            mean_time_in_system_s=little.mean_time_in_system_s,
+            lambda_w=little.lambda_w,
+            relative_mismatch=little.relative_mismatch,
+        ),
+        engine=EngineStats(
+            replicas=num_replicas,
+            kv_blocks_per_replica=out.replica_num_blocks,
+            steps=out.num_steps,
+            steps_skipped=out.num_skipped_steps,
+            events=out.num_events,
+            preemptions=int(c.num_preemptions.sum()),
+            cancelled_calls=int(c.cancelled.sum()),
+        ),
+    )
+
+
+def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:
+    """Write per-call records as a compressed columnar ``.npz`` file (one array per column)."""
+    c = out.calls
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez_compressed(
+        tmp,
+        call=np.arange(w.num_calls),
+        task=w.call_task,
+        step=w.call_step,
+        branch=w.call_branch,
+        task_class=w.task_class[w.call_task],
+        tenant=w.task_tenant[w.call_task],
+        priority=w.task_priority[w.call_task],
+        input_tokens=w.call_input_tokens,
+        output_tokens=c.num_output_tokens,
+        dispatch_s=c.dispatch_s,
+        admitted_s=c.admitted_s,
+        first_token_s=c.first_token_s,
+        finish_s=c.finish_s,
+        itl_max_s=c.itl_max_s,
+        preemptions=c.num_preemptions,
+        replica=c.replica,
+        cancelled=c.cancelled,
+        class_names=np.array(w.class_names),
+        tenant_names=np.array(w.tenant_names),
+    )
+    tmp.replace(path)

@@ -1,0 +1,39 @@
+"""Run one simulation from a workload and a cluster: the library entry point of ``simulate``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from headway.core.policy.routing import Router
+from headway.core.trace_data import TraceData
+from headway.core.workload.compile import CompiledWorkload, compile_workload
+from headway.core.workload.spec import WorkloadSpec
+from headway.data import load_efficiency_table
+from headway.sim.cluster import ClusterSpec, build_replica, step_time_model
+from headway.sim.results import SimResult, build_result
+from headway.sim.simulator import SimOptions, SimOutcome, Simulator
+
+
+def simulate_compiled(
+    workload: CompiledWorkload, cluster: ClusterSpec, options: SimOptions | None = None
+) -> tuple[SimResult, SimOutcome]:
+    """Simulate an already compiled workload on ``cluster``."""
+    step_time = step_time_model(cluster, load_efficiency_table())
+    replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
+    outcome = Simulator(workload, replicas, Router(kind=cluster.router), options).run()
+    return build_result(workload, outcome, cluster.replicas), outcome
+
+
+def simulate(
+    spec: WorkloadSpec,
+    cluster: ClusterSpec,
+    *,
+    seed: int | None = None,
+    duration_s: float | None = None,
+    traces: Mapping[str, TraceData] | None = None,
+    options: SimOptions | None = None,
+) -> tuple[SimResult, SimOutcome, CompiledWorkload]:
+    """Compile ``spec`` with ``seed`` and simulate it on ``cluster``."""
+    workload = compile_workload(spec, seed=seed, duration_s=duration_s, traces=traces)
+    result, outcome = simulate_compiled(workload, cluster, options)
+    return result, outcome, workload

@@ -1,0 +1,220 @@
+"""Sweep offered load and find the knee: the largest load with SLO attainment at target.
+
+A point is the workload with every arrival rate multiplied by a load factor, simulated
+with one seed. Points run in parallel worker processes. The knee search brackets the
+knee by doubling, then narrows the bracket with ``jobs`` interior points per round
+(k-section; bisection when ``jobs`` is 1) until it is within ``tolerance`` (relative).
+Attainment is over offered calls, so shed or unfinished work counts against it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+
+import msgspec
+
+from headway.core.trace_data import TraceData
+from headway.core.workload.compile import compile_workload
+from headway.core.workload.scale import scale_workload
+from headway.core.workload.spec import WorkloadSpec
+from headway.sim.cluster import ClusterSpec
+from headway.sim.run import simulate_compiled
+
+SCHEMA = "headway.sweep/1"
+
+
+class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One simulated load level."""
+
+    load_factor: float
+    seed: int
+    offered_tasks_per_s: float
+    offered_calls_per_s: float
+    slo_attainment: float
+    goodput_per_s: float
+    task_attainment: float
+    ttft_p99_s: float | None
+    tpot_p99_s: float | None
+    e2e_p99_s: float | None
+    throughput_requests_per_s: float
+    output_tokens_per_s: float
+    preemptions: int
+
+
+class Knee(msgspec.Struct, frozen=True, kw_only=True):
+    """The knee found by the search."""
+
+    target: float
+    load_factor: float
+    """Largest load factor found with attainment >= target."""
+    upper_load_factor: float
+    """Smallest load factor found with attainment < target."""
+    offered_tasks_per_s: float
+    offered_calls_per_s: float
+    found: bool
+    """False when even the smallest factor tried misses the target."""
+
+
+class SweepResult(msgspec.Struct, frozen=True, kw_only=True):
+    """All points of a sweep, sorted by load, and the knee when searched."""
+
+    schema: str
+    workload: str
+    cluster_replicas: int
+    points: list[SweepPoint]
+    knee: Knee | None
+
+
+def attainment_target(spec: WorkloadSpec) -> float:
+    """The sweep's target: the strictest class target (the knee is where any class breaks)."""
+    return max(cls.slo.attainment_target for cls in spec.classes.values())
+
+
+def run_point(
+    spec: WorkloadSpec,
+    cluster: ClusterSpec,
+    factor: float,
+    seed: int,
+    traces: Mapping[str, TraceData] | None = None,
+) -> SweepPoint:
+    """Simulate one load level (runs in a worker process)."""
+    workload = compile_workload(scale_workload(spec, factor), seed=seed, traces=traces)
+    result, _ = simulate_compiled(workload, cluster)
+    duration = workload.duration_s
+    return SweepPoint(
+        load_factor=factor,
+        seed=seed,
+        offered_tasks_per_s=workload.num_tasks / duration,
+        offered_calls_per_s=workload.num_calls / duration,
+        slo_attainment=result.slo.attainment,
+        goodput_per_s=result.slo.goodput_per_s,
+        task_attainment=result.slo.task_attainment,
+        ttft_p99_s=result.latencies.ttft.p99_s,
+        tpot_p99_s=result.latencies.tpot.p99_s,
+        e2e_p99_s=result.latencies.e2e.p99_s,
+        throughput_requests_per_s=result.throughput.requests_per_s,
+        output_tokens_per_s=result.throughput.output_tokens_per_s,
+        preemptions=result.engine.preemptions,
+    )
+
+
+PointRunner = Callable[[Sequence[float]], list[SweepPoint]]
+
+
+def pool_runner(
+    spec: WorkloadSpec,
+    cluster: ClusterSpec,
+    seed: int,
+    executor: Executor | None,
+    traces: Mapping[str, TraceData] | None = None,
+) -> PointRunner:
+    """Run load factors in ``executor`` (or in this process when None), in order."""
+
+    def run(factors: Sequence[float]) -> list[SweepPoint]:
+        if executor is None:
+            return [run_point(spec, cluster, f, seed, traces) for f in factors]
+        futures = [executor.submit(run_point, spec, cluster, f, seed, traces) for f in factors]
+        return [f.result() for f in futures]
+
+    return run
+
+
+def search_knee(
+    run: PointRunner,
+    target: float,
+    *,
+    jobs: int = 1,
+    start: float = 1.0,
+    tolerance: float = 0.02,
+    max_rounds: int = 12,
+) -> tuple[Knee, list[SweepPoint]]:
+    """Bracket and narrow the largest load factor whose attainment is at least ``target``."""
+    points: list[SweepPoint] = []
+
+    def ok(p: SweepPoint) -> bool:
+        return p.slo_attainment >= target
+
+    first = run([start])[0]
+    points.append(first)
+    lo_p: SweepPoint | None = first if ok(first) else None
+    hi_p: SweepPoint | None = None if ok(first) else first
+    factor = start
+    for _ in range(max_rounds):  # bracket by doubling (or halving)
+        if lo_p is not None and hi_p is not None:
+            break
+        factor = factor * 2 if hi_p is None else factor / 2
+        p = run([factor])[0]
+        points.append(p)
+        if ok(p):
+            lo_p = p if lo_p is None or p.load_factor > lo_p.load_factor else lo_p
+        else:
+            hi_p = p if hi_p is None or p.load_factor < hi_p.load_factor else hi_p
+    if lo_p is None or hi_p is None:
+        edge = lo_p or hi_p
+        assert edge is not None
+        return _knee(target, lo_p, hi_p, edge), points
+    for _ in range(max_rounds):
+        if hi_p.load_factor - lo_p.load_factor <= tolerance * lo_p.load_factor:
+            break
+        k = max(1, jobs)
+        step = (hi_p.load_factor - lo_p.load_factor) / (k + 1)
+        batch = run([lo_p.load_factor + step * (i + 1) for i in range(k)])
+        points.extend(batch)
+        for p in sorted(batch, key=lambda q: q.load_factor):
+            if ok(p) and p.load_factor > lo_p.load_factor:
+                lo_p = p
+        for p in sorted(batch, key=lambda q: q.load_factor, reverse=True):
+            if not ok(p) and p.load_factor < hi_p.load_factor and p.load_factor > lo_p.load_factor:
+                hi_p = p
+    return _knee(target, lo_p, hi_p, lo_p), points
+
+
+def _knee(target: float, lo: SweepPoint | None, hi: SweepPoint | None, edge: SweepPoint) -> Knee:
+    found = lo is not None
+    at = lo if lo is not None else edge
+    return Knee(
+        target=target,
+        load_factor=at.load_factor if found else 0.0,
+        upper_load_factor=hi.load_factor if hi is not None else math.inf,
+        offered_tasks_per_s=at.offered_tasks_per_s if found else 0.0,
+        offered_calls_per_s=at.offered_calls_per_s if found else 0.0,
+        found=found,
+    )
+
+
+def sweep(
+    spec: WorkloadSpec,
+    cluster: ClusterSpec,
+    *,
+    factors: Sequence[float] | None = None,
+    search: bool = False,
+    seed: int | None = None,
+    jobs: int = 1,
+    traces: Mapping[str, TraceData] | None = None,
+    tolerance: float = 0.02,
+) -> SweepResult:
+    """Simulate each load factor, or search for the knee, in ``jobs`` processes."""
+    seed = spec.seed if seed is None else seed
+    executor = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    try:
+        run = pool_runner(spec, cluster, seed, executor, traces)
+        points = run(list(factors)) if factors else []
+        knee = None
+        if search:
+            knee, searched = search_knee(
+                run, attainment_target(spec), jobs=jobs, tolerance=tolerance
+            )
+            points.extend(searched)
+    finally:
+        if executor is not None:
+            executor.shutdown(cancel_futures=True)
+    unique = {p.load_factor: p for p in points}
+    return SweepResult(
+        schema=SCHEMA,
+        workload=spec.name,
+        cluster_replicas=cluster.replicas,
+        points=[unique[f] for f in sorted(unique)],
+        knee=knee,
+    )

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from headway.core.engine.kv import chain_block_hashes
 from headway.core.engine.replica import DecodeRun, ReplicaModel, StepResult
 from headway.core.engine.scheduler import EngineRequest
-from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
+from headway.core.policy.routing import Router, RouteRequest
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.kernel import BOUNDARY, DISPATCH, SAMPLE, EventQueue
 
@@ -116,7 +116,12 @@ class SimOutcome:
 
 
 class _Driver:
-    """One replica and what the simulator knows about it."""
+    """One replica and what the simulator knows about it.
+
+    It is also the router's view of the replica (``routing.LoadView``): outstanding
+    requests and tokens as the dispatcher counts them (dispatched, not yet finished), and
+    the engine's KV and queue state for KV-aware routing.
+    """
 
     __slots__ = (
         "index",
@@ -124,6 +129,8 @@ class _Driver:
         "outstanding_requests",
         "outstanding_tokens",
         "pending_finished",
+        "ready",
+        "revision",
         "run",
         "state",
         "step_result",
@@ -140,6 +147,18 @@ class _Driver:
         self.pending_finished: tuple[str, ...] = ()
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
+        self.revision: str | None = None
+        self.ready = True
+
+    @property
+    def free_kv_blocks(self) -> int:
+        """Blocks not held by a request (the engine's view; materialize first)."""
+        return self.model.scheduler.pool.num_free
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests waiting for admission in the engine."""
+        return self.model.num_waiting
 
 
 class Simulator:
@@ -181,7 +200,8 @@ class Simulator:
         self._call_tool = workload.call_tool_after_s.tolist()
         self._call_prio = workload.task_priority[workload.call_task].tolist()
         self._itl_hist = np.zeros(_ITL_EDGES.size - 1, dtype=np.int64)
-        self._itl_batch: list[float] = []
+        self._itl_values: list[float] = []
+        self._itl_weights: list[float] = []
         self._num_steps = 0
         self._num_skipped = 0
         self._needs_kv = router.kind == "kv_aware"
@@ -262,8 +282,10 @@ class Simulator:
             expected_output_tokens=output,
             projected_kv_blocks=-(-(prompt + output) // self._block_size),
         )
-        loads = [self._load(d, now) for d in self.drivers]
-        choice = self.router.route(now, request, loads)
+        if self._needs_kv:
+            for d in self.drivers:
+                self._materialize(d, now)
+        choice = self.router.route(now, request, self.drivers)
         if choice is None:  # no eligible replica: cannot happen without revisions or faults
             raise RuntimeError(f"no replica may take call {j}")
         driver = self.drivers[choice]
@@ -328,21 +350,6 @@ class Simulator:
                 driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
 
     # ------------------------------------------------------------------ replicas
-
-    def _load(self, driver: _Driver, now: float) -> ReplicaLoad:
-        if self._needs_kv:
-            self._materialize(driver, now)
-            pool = driver.model.scheduler.pool
-            return ReplicaLoad(
-                outstanding_requests=driver.outstanding_requests,
-                outstanding_tokens=driver.outstanding_tokens,
-                free_kv_blocks=pool.num_free,
-                waiting_requests=driver.model.num_waiting,
-            )
-        return ReplicaLoad(
-            outstanding_requests=driver.outstanding_requests,
-            outstanding_tokens=driver.outstanding_tokens,
-        )
 
     def _materialize(self, driver: _Driver, now: float) -> None:
         """Apply the steps of a pending decode run that started before ``now``."""
@@ -410,7 +417,7 @@ class Simulator:
         rec = self.rec
         end = result.end_s
         last = self._last_token_s
-        itl = self._itl_batch
+        values, weights = self._itl_values, self._itl_weights
         for rid in result.admitted_ids:
             j = int(rid)
             if math.isnan(rec.admitted_s[j]):
@@ -424,48 +431,64 @@ class Simulator:
                 rec.first_token_s[j] = end
             else:
                 gap = end - previous
-                itl.append(gap)
+                values.append(gap)
+                weights.append(1.0)
                 if gap > rec.itl_max_s[j]:
                     rec.itl_max_s[j] = gap
             last[j] = end
             rec.num_output_tokens[j] += n
-        if len(itl) > 65536:
+        if len(values) > 262144:
             self._flush_itl()
 
     def _record_run(self, run: DecodeRun) -> None:
+        """Record ``run.num_steps`` tokens per request of a decode run.
+
+        Step ``k`` of the run lasts ``base + per_kv (KV + (k - 1) R)``: the gaps inside the
+        run form an arithmetic progression, summarised for the ITL histogram by a few
+        equal chunks (their mean gap, weighted by tokens) instead of one value per token.
+        """
         self._num_steps += run.num_steps
         m = run.num_steps
-        k = np.arange(1, m + 1, dtype=np.float64)
         r = run.num_seqs
-        ends = run.start_s + (
-            k * run.base_s
-            + run.per_kv_token_s * (k * run.kv_tokens_first_step + r * k * (k - 1) / 2)
-        )
-        inner = np.diff(ends)
-        inner_max = float(inner.max()) if inner.size else 0.0
-        first_end, last_end = float(ends[0]), float(ends[-1])
+        base, per_kv, kv = run.base_s, run.per_kv_token_s, run.kv_tokens_first_step
+        first_end = run.start_s + base + per_kv * kv
+        last_end = run.end_s
+        inner_max = base + per_kv * (kv + (m - 1) * r) if m > 1 else 0.0
         rec = self.rec
         last = self._last_token_s
-        firsts = []
+        itl_max = rec.itl_max_s
+        num_tokens = rec.num_output_tokens
+        values, weights = self._itl_values, self._itl_weights
         for rid in run.request_ids:
             j = int(rid)
             gap = first_end - last[j]
-            firsts.append(gap)
+            values.append(gap)
+            weights.append(1.0)
             peak = gap if gap > inner_max else inner_max
-            if peak > rec.itl_max_s[j]:
-                rec.itl_max_s[j] = peak
+            if peak > itl_max[j]:
+                itl_max[j] = peak
             last[j] = last_end
-            rec.num_output_tokens[j] += m
-        self._itl_batch.extend(firsts)
-        if inner.size:
-            counts, _ = np.histogram(inner, _ITL_EDGES)
-            self._itl_hist += counts * r
+            num_tokens[j] += m
+        if m > 1:
+            # Gaps d_k for k = 2..m; chunk c covers k in [lo, hi).
+            chunks = min(m - 1, 4)
+            for c in range(chunks):
+                lo = 2 + (m - 1) * c // chunks
+                hi = 2 + (m - 1) * (c + 1) // chunks
+                mid_k = (lo + hi - 1) / 2
+                values.append(base + per_kv * (kv + (mid_k - 1) * r))
+                weights.append(float((hi - lo) * r))
+        if len(values) > 262144:
+            self._flush_itl()
 
     def _flush_itl(self) -> None:
-        if self._itl_batch:
-            counts, _ = np.histogram(np.asarray(self._itl_batch), _ITL_EDGES)
-            self._itl_hist += counts
-            self._itl_batch.clear()
+        if self._itl_values:
+            counts, _ = np.histogram(
+                np.asarray(self._itl_values), _ITL_EDGES, weights=np.asarray(self._itl_weights)
+            )
+            self._itl_hist += np.rint(counts).astype(np.int64)
+            self._itl_values.clear()
+            self._itl_weights.clear()
 
     def _sample(self, now: float) -> None:
         running = waiting = 0

@@ -40,6 +40,7 @@ __all__ = [
     "chain_hash",
     "expand_block_hashes",
     "unique_block_content",
+    "unique_block_hash",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -86,6 +87,16 @@ def unique_block_content(request_salt: int, block_index: int) -> int:
     """Content id of a block that only one request has (its own output, or a prompt block
     whose content the caller did not describe): never shared with another request."""
     return _mix64(_mix64(request_salt ^ _UNIQUE_TAG) ^ block_index)
+
+
+def unique_block_hash(request_salt: int, block_index: int) -> int:
+    """Hash of a request-unique block: a negative integer, so it never equals a chained hash.
+
+    A block whose content only one request has can only be found again by that request
+    (after a preemption), so its hash need not chain from its parent; a plain integer keeps
+    the hot path free of hashing arithmetic. Indices up to 2³² per request.
+    """
+    return -(((request_salt & _MASK64) << 32) | block_index) - 1
 
 
 def expand_block_hashes(

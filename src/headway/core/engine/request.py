@@ -66,6 +66,7 @@ class EngineRequest:
 
     __slots__ = (
         "_num_cached_blocks",
+        "_num_eager_hashes",
         "_queue_token",
         "_salt",
         "_seq",
@@ -130,6 +131,11 @@ class EngineRequest:
         """Tokens found in the prefix cache at first admission (-1 before it)."""
         self.block_ids: list[int] = []
         self._num_cached_blocks = 0
+        self._num_eager_hashes = len(self.block_hashes)
+        """Blocks whose hashes are registered as soon as they fill: the caller's (shareable)
+        ones, and request-unique ones that a preemption registered (so that the request
+        can find them again). Other request-unique blocks are registered only if the
+        request is preempted: nobody else could ever hit them."""
         self._queue_token = _UNQUEUED
         self._seq = -1
         self._salt = 0

@@ -41,7 +41,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from headway.core.engine.kv import BlockPool, chain_hash, unique_block_content
+from headway.core.engine.kv import BlockPool, unique_block_hash
 from headway.core.engine.request import (
     TERMINAL_STATUSES,
     EngineRequest,
@@ -413,6 +413,7 @@ class Scheduler:
 
     def _preempt(self, req: EngineRequest) -> None:
         """Free a running request's KV (recompute later) and put it back in the queue."""
+        self._register_unique_blocks(req)
         self._release(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -605,12 +606,25 @@ class Scheduler:
         if num_full <= start:
             return
         hashes = req.block_hashes
-        while len(hashes) < num_full:
-            parent = hashes[-1] if hashes else None
-            hashes.append(chain_hash(parent, unique_block_content(req._salt, len(hashes))))
-        for i in range(start, num_full):
+        for i in range(start, min(num_full, req._num_eager_hashes)):
             self.pool.cache_block(req.block_ids[i], hashes[i])
         req._num_cached_blocks = num_full
+
+    def _register_unique_blocks(self, req: EngineRequest) -> None:
+        """Register the request-unique blocks that vLLM would have cached as they filled.
+
+        Only the request itself could ever hit them, and only after a preemption, so they
+        are registered here, just before a preemption frees them, instead of one by one
+        on the hot path. The pool ends in the same state either way.
+        """
+        if not self.config.enable_prefix_caching:
+            return
+        hashes = req.block_hashes
+        for i in range(req._num_eager_hashes, req._num_cached_blocks):
+            if i == len(hashes):
+                hashes.append(unique_block_hash(req._salt, i))
+            self.pool.cache_block(req.block_ids[i], hashes[i])
+        req._num_eager_hashes = max(req._num_eager_hashes, req._num_cached_blocks)
 
     def _release(self, req: EngineRequest) -> None:
         """Free a request's blocks, last block first (its tail is evicted first)."""
@@ -632,6 +646,8 @@ class Scheduler:
 
     def _max_steps_within(self, max_steps: int, max_blocks: int) -> int:
         """Largest ``n <= max_steps`` whose decode steps need at most ``max_blocks``."""
+        if self._blocks_for_steps(max_steps) <= max_blocks:
+            return max_steps  # the common case: the pool is far from full
         lo, hi = 0, max_steps
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -719,24 +735,23 @@ class Scheduler:
         bs = self.config.block_size
         running = self._running
         # Step k computes position p = c + k - 1 of a request with c computed tokens: it
-        # needs a new block when p % bs == 0 and fills one when (p + 1) % bs == 0.
-        events: list[tuple[int, int, int]] = []
+        # needs a new block when p % bs == 0. Blocks are taken in step order, running order
+        # within a step, as stepping would take them. (Blocks filled by decoding hold
+        # request-unique content: _cache_full_blocks only counts them.)
+        events: list[tuple[int, int]] = []
         for index, r in enumerate(running):
             c = r.num_computed_tokens
-            events.extend((k, index, 0) for k in range((-c) % bs + 1, num_steps + 1, bs))
-            events.extend((k, index, 1) for k in range((-c - 1) % bs + 1, num_steps + 1, bs))
+            events.extend((k, index) for k in range((-c) % bs + 1, num_steps + 1, bs))
         events.sort()
-        for k, index, kind in events:
-            r = running[index]
-            if kind == 0:
-                r.block_ids.append(self.pool.allocate_one())
-            else:
-                self._cache_full_blocks(r, r.num_computed_tokens + k)
+        allocate = self.pool.allocate_one
+        for _, index in events:
+            running[index].block_ids.append(allocate())
         kv_first = 0
         for r in running:
             kv_first += r.num_computed_tokens
             r.num_computed_tokens += num_steps
             r.num_output_tokens += num_steps
+            self._cache_full_blocks(r, r.num_computed_tokens)
         request_ids = tuple(r.request_id for r in running)
         finished = [r for r in running if r.num_output_tokens >= r.max_output_tokens]
         if finished:
@@ -801,6 +816,6 @@ class Scheduler:
             raise RuntimeError(f"{r!r} should have finished")
         if r._num_cached_blocks > len(r.block_ids):
             raise RuntimeError(f"{r!r} has more cached blocks than blocks")
-        for i in range(r._num_cached_blocks):
+        for i in range(min(r._num_cached_blocks, r._num_eager_hashes)):
             if self.pool.block_hash(r.block_ids[i]) != r.block_hashes[i]:
                 raise RuntimeError(f"{r!r} block {i} is cached under another hash")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 RouterKind = Literal[
     "round_robin",
@@ -39,6 +39,24 @@ ROUTER_KINDS: tuple[RouterKind, ...] = (
     "kv_aware",
     "prefix_affinity",
 )
+
+
+class LoadView(Protocol):
+    """What a router reads about one replica (:class:`ReplicaLoad` is the plain value;
+    a driver may pass its own live objects with these attributes to avoid copies)."""
+
+    @property
+    def outstanding_requests(self) -> int: ...
+    @property
+    def outstanding_tokens(self) -> int: ...
+    @property
+    def free_kv_blocks(self) -> int: ...
+    @property
+    def waiting_requests(self) -> int: ...
+    @property
+    def revision(self) -> str | None: ...
+    @property
+    def ready(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,7 +122,7 @@ class Router:
         if self.affinity_slack < 0:
             raise ValueError(f"affinity_slack must be >= 0 (got {self.affinity_slack})")
 
-    def route(self, now: float, request: RouteRequest, loads: Sequence[ReplicaLoad]) -> int | None:
+    def route(self, now: float, request: RouteRequest, loads: Sequence[LoadView]) -> int | None:
         """The index of the chosen replica, or None when none is eligible."""
         del now  # routing is state-based; `now` is part of the policy contract
         eligible = [

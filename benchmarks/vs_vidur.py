@@ -179,7 +179,7 @@ def run_headway(trace: Path, replicas: int, router: str) -> dict[str, float]:
                     "arrivals": {"process": "trace", "path": "trace", "tick_policy": "literal"},
                 }
             ],
-        }  # fmt: skip
+        }
     )
     workload = compile_workload(spec, traces={"trace": data})
     cluster = ClusterSpec(

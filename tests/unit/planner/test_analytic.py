@@ -123,3 +123,15 @@ def test_plan_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["plan", str(bad), "--analytic-only"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("headway: error: ") and "$.classes.a" in err
+
+
+def test_report_files_get_ordinary_permissions(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "reference-assistant.yaml"), "--out", str(out)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = stat.S_IMODE((out / "report.html").stat().st_mode)
+    assert mode == 0o666 & ~umask

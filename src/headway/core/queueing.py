@@ -9,13 +9,12 @@ state, so its latencies are ``None``. Formulas are written out in ``docs/plannin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+import msgspec
 from scipy import optimize, special
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QueueFigures:
+class QueueFigures(msgspec.Struct, frozen=True, kw_only=True):
     """Steady-state figures of one queueing model."""
 
     model: str

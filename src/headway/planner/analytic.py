@@ -38,19 +38,6 @@ class _Out(msgspec.Struct, frozen=True, kw_only=True):
     """Base of the plan's result values."""
 
 
-class QueueResult(_Out, frozen=True, kw_only=True):
-    """One queueing model's figures for a route in a period."""
-
-    model: str
-    utilization: float
-    stable: bool
-    wait_probability: float | None
-    mean_wait_s: float | None
-    mean_s: float | None
-    p95_s: float | None
-    p99_s: float | None
-
-
 class Sizing(_Out, frozen=True, kw_only=True):
     """Replicas a route needs in a period."""
 
@@ -73,7 +60,7 @@ class RoutePeriod(_Out, frozen=True, kw_only=True):
     input_tokens_per_s: float
     output_tokens_per_s: float
     sizing: Sizing | None
-    queueing: list[QueueResult]
+    queueing: list[queueing.QueueFigures]
 
 
 class ClassPeriod(_Out, frozen=True, kw_only=True):
@@ -269,7 +256,9 @@ def _sizing(spec: WorkloadSpec, route_name: str, out_tps: float, in_tps: float) 
     )
 
 
-def _queueing(spec: WorkloadSpec, route_name: str, calls_per_s: float) -> list[QueueResult]:
+def _queueing(
+    spec: WorkloadSpec, route_name: str, calls_per_s: float
+) -> list[queueing.QueueFigures]:
     route = spec.routes[route_name]
     if route.requests_per_s is None:
         return []
@@ -279,7 +268,7 @@ def _queueing(spec: WorkloadSpec, route_name: str, calls_per_s: float) -> list[Q
             queueing.mmc(calls_per_s, route.requests_per_s / route.servers, route.servers)
         )
     figures.append(queueing.mg1(calls_per_s, route.requests_per_s, route.service_time_cv))
-    return [QueueResult(**{f: getattr(q, f) for f in q.__slots__}) for q in figures]
+    return figures
 
 
 def _period(

@@ -19,7 +19,9 @@ have left it (``tests/unit/sim/test_skipping.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -131,7 +133,8 @@ class _Driver:
         "pending_finished",
         "ready",
         "revision",
-        "run",
+        "run_start_s",
+        "run_steps",
         "state",
         "step_result",
         "version",
@@ -143,8 +146,11 @@ class _Driver:
         self.state = _IDLE
         self.version = 0
         self.step_result: StepResult | None = None
-        self.run: DecodeRun | None = None
-        self.pending_finished: tuple[str, ...] = ()
+        self.run_start_s = 0.0
+        """In state ``_RUN``: when the pending decode run started (nothing applied yet)."""
+        self.run_steps = 0
+        """In state ``_RUN``: the steps the pending decode run has planned."""
+        self.pending_finished: tuple[int, ...] = ()
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
         self.revision: str | None = None
@@ -179,8 +185,19 @@ class Simulator:
         self.drivers = [_Driver(i, r) for i, r in enumerate(replicas)]
         self.events = EventQueue()
         n = workload.num_calls
-        self.rec = CallRecords.empty(n)
-        self._last_token_s = np.full(n, np.nan).tolist()
+        # Per-call records, as Python lists while the run goes (a list item is cheaper to
+        # read and write than a numpy element); run() returns them as CallRecords arrays.
+        nan = math.nan
+        self._dispatch_s = [nan] * n
+        self._admitted_s = [nan] * n
+        self._first_token_s = [nan] * n
+        self._finish_s = [nan] * n
+        self._last_token_s = [nan] * n
+        self._num_output_tokens = [0] * n
+        self._itl_max_s = [0.0] * n
+        self._num_preemptions = [0] * n
+        self._replica = [-1] * n
+        self._cancelled = [False] * n
         self.task_finish_s = np.full(workload.num_tasks, np.nan)
         # Per task: index of the current step, calls of it still running.
         self._task_step = [0] * workload.num_tasks
@@ -205,7 +222,16 @@ class Simulator:
         self._num_steps = 0
         self._num_skipped = 0
         self._needs_kv = router.kind == "kv_aware"
+        self._skip_decode = self.options.skip_decode
+        self._paranoid = self.options.check_invariants
         self._block_size = replicas[0].config.block_size
+        self._outstanding = [0] * len(replicas)
+        """``drivers[i].outstanding_requests`` for every ``i``, kept in step with them."""
+        self._least_outstanding = router.kind == "least_outstanding_requests"
+        """Route with ``Router.route_all_eligible`` over ``_outstanding``: valid because the
+        simulator never marks a replica unready nor pins a revision, so every replica is
+        always eligible (with ``check_invariants`` the full ``route`` decides and the two
+        are checked against each other)."""
 
     # ------------------------------------------------------------------ main loop
 
@@ -247,9 +273,10 @@ class Simulator:
             elif kind == _SAMPLE:
                 self._sample(now)
         self._flush_itl()
+        self._settle_output_tokens()
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
         return SimOutcome(
-            calls=self.rec,
+            calls=self._call_records(),
             task_finish_s=self.task_finish_s,
             timeline_s=timeline[:, 0].astype(np.float64),
             timeline_running=timeline[:, 1].astype(np.int64),
@@ -262,6 +289,20 @@ class Simulator:
             num_events=num_events,
             end_s=now,
             replica_num_blocks=self.drivers[0].model.scheduler.pool.num_blocks,
+        )
+
+    def _call_records(self) -> CallRecords:
+        """The per-call lists as the arrays of :class:`CallRecords`."""
+        return CallRecords(
+            dispatch_s=np.array(self._dispatch_s, dtype=np.float64),
+            admitted_s=np.array(self._admitted_s, dtype=np.float64),
+            first_token_s=np.array(self._first_token_s, dtype=np.float64),
+            finish_s=np.array(self._finish_s, dtype=np.float64),
+            num_output_tokens=np.array(self._num_output_tokens, dtype=np.int64),
+            itl_max_s=np.array(self._itl_max_s, dtype=np.float64),
+            num_preemptions=np.array(self._num_preemptions, dtype=np.int64),
+            replica=np.array(self._replica, dtype=np.int64),
+            cancelled=np.array(self._cancelled, dtype=np.bool_),
         )
 
     # ------------------------------------------------------------------ tasks and calls
@@ -277,21 +318,29 @@ class Simulator:
 
     def _dispatch_call(self, j: int, now: float) -> None:
         prompt, output = self._call_in[j], self._call_out[j]
-        request = RouteRequest(
-            prompt_tokens=prompt,
-            expected_output_tokens=output,
-            projected_kv_blocks=-(-(prompt + output) // self._block_size),
-        )
-        if self._needs_kv:
-            for d in self.drivers:
-                self._materialize(d, now)
-        choice = self.router.route(now, request, self.drivers)
-        if choice is None:  # no eligible replica: cannot happen without revisions or faults
-            raise RuntimeError(f"no replica may take call {j}")
+        if self._least_outstanding and not self._paranoid:
+            choice = self.router.route_all_eligible(self._outstanding)
+        else:
+            request = RouteRequest(
+                prompt_tokens=prompt,
+                expected_output_tokens=output,
+                projected_kv_blocks=-(-(prompt + output) // self._block_size),
+            )
+            if self._needs_kv:
+                for d in self.drivers:
+                    self._materialize(d, now)
+            picked = self.router.route(now, request, self.drivers)
+            if picked is None:  # no eligible replica: cannot happen without revisions or faults
+                raise RuntimeError(f"no replica may take call {j}")
+            if self._least_outstanding and picked != self.router.route_all_eligible(
+                self._outstanding
+            ):
+                raise RuntimeError(f"call {j}: the router picked {picked}, the shortcut not")
+            choice = picked
         driver = self.drivers[choice]
         self._materialize(driver, now)
         req = EngineRequest(
-            str(j),
+            j,
             num_prompt_tokens=prompt,
             max_output_tokens=output,
             priority=self._call_prio[j],
@@ -299,9 +348,10 @@ class Simulator:
         )
         driver.model.add_request(req, now)
         driver.outstanding_requests += 1
+        self._outstanding[choice] += 1
         driver.outstanding_tokens += prompt + output
-        self.rec.dispatch_s[j] = now
-        self.rec.replica[j] = choice
+        self._dispatch_s[j] = now
+        self._replica[j] = choice
         if driver.state == _IDLE:
             driver.state = _STEP
             driver.step_result = None
@@ -313,9 +363,10 @@ class Simulator:
         return []
 
     def _call_finished(self, j: int, now: float, driver: _Driver) -> None:
-        rec = self.rec
-        rec.finish_s[j] = now
+        self._finish_s[j] = now
+        self._num_output_tokens[j] = self._call_out[j]  # a finished call emitted all
         driver.outstanding_requests -= 1
+        self._outstanding[driver.index] -= 1
         driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
         task = self._call_task[j]
         if self._task_left[task] <= 0:  # a losing branch finishing after the winner
@@ -338,67 +389,70 @@ class Simulator:
         branches = self._calls_per_step[self._task_class[task]]
         first = self._call_first[task] + self._task_step[task] * branches
         for j in range(first, first + branches):
-            if j == winner or not math.isnan(self.rec.finish_s[j]):
+            if j == winner or not math.isnan(self._finish_s[j]):
                 continue
-            replica = int(self.rec.replica[j])
+            replica = self._replica[j]
             driver = self.drivers[replica]
             self._materialize(driver, now)
-            if driver.model.abort(str(j)):
-                self.rec.cancelled[j] = True
-                self.rec.finish_s[j] = now
+            req = driver.model.scheduler.get_request(j)
+            if req is not None and driver.model.abort(j):
+                self._num_output_tokens[j] = req.num_output_tokens
+                self._cancelled[j] = True
+                self._finish_s[j] = now
                 driver.outstanding_requests -= 1
+                self._outstanding[replica] -= 1
                 driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
 
     # ------------------------------------------------------------------ replicas
 
     def _materialize(self, driver: _Driver, now: float) -> None:
         """Apply the steps of a pending decode run that started before ``now``."""
-        run = driver.run
-        if driver.state != _RUN or run is None:
+        if driver.state != _RUN:
             return
+        start_s, num_steps = driver.run_start_s, driver.run_steps
         # The run's first step started when it was planned; a later step that starts
         # exactly at `now` has not (its boundary would come after this dispatch).
-        m = driver.model.decode_steps_starting_before(run.start_s, now, run.num_steps)
-        m = min(max(m, 1), run.num_steps)
-        applied = driver.model.advance_decode_steps(run.start_s, m)
+        m = driver.model.decode_steps_starting_before(start_s, now, num_steps)
+        m = min(max(m, 1), num_steps)
+        applied = driver.model.advance_decode_steps(start_s, m)
         self._record_run(applied)
         self._num_skipped += m - 1
-        driver.run = None
         driver.state = _STEP
         driver.step_result = None
-        driver.pending_finished = applied.finished_ids
+        driver.pending_finished = cast("tuple[int, ...]", applied.finished_ids)
         driver.version += 1
         self.events.push(applied.end_s, BOUNDARY, _BOUNDARY, driver.index, driver.version)
 
     def _boundary(self, driver: _Driver, now: float) -> None:
         """A step or run ended at ``now``: deliver it, then start the next."""
         model = driver.model
-        if driver.state == _RUN and driver.run is not None:
-            run = model.advance_decode_steps(driver.run.start_s, driver.run.num_steps)
+        if driver.state == _RUN:
+            run = model.advance_decode_steps(driver.run_start_s, driver.run_steps)
             self._record_run(run)
             self._num_skipped += run.num_steps - 1
-            finished: tuple[str, ...] = run.finished_ids
+            finished = cast("tuple[int, ...]", run.finished_ids)
         elif driver.step_result is not None:
-            finished = driver.step_result.finished_ids
+            finished = cast("tuple[int, ...]", driver.step_result.finished_ids)
         else:
             finished = driver.pending_finished
-        driver.run = None
+        driver.state = _STEP  # nothing pending: a cancellation below must not re-apply
         driver.step_result = None
         driver.pending_finished = ()
-        for rid in finished:
-            self._call_finished(int(rid), now, driver)
-        if self.options.check_invariants:
+        for j in finished:
+            self._call_finished(j, now, driver)
+        if self._paranoid:
             model.check_invariants()
-        if not model.has_work:
+        if not model.scheduler.has_unfinished_requests:
             driver.state = _IDLE
             return
-        steps = model.max_identical_decode_steps() if self.options.skip_decode else 0
+        steps = model.max_identical_decode_steps() if self._skip_decode else 0
         driver.version += 1
         if steps >= 2:
-            run = model.preview_decode_run(now, steps)
             driver.state = _RUN
-            driver.run = run
-            self.events.push(run.end_s, BOUNDARY, _BOUNDARY, driver.index, driver.version)
+            driver.run_start_s = now
+            driver.run_steps = steps
+            end_s = model.decode_run_end_s(now, steps)
+            self.events.push(end_s, BOUNDARY, _BOUNDARY, driver.index, driver.version)
             return
         result = model.step(now)
         self._num_steps += 1
@@ -414,29 +468,41 @@ class Simulator:
     # ------------------------------------------------------------------ records
 
     def _record_step(self, result: StepResult) -> None:
-        rec = self.rec
+        """Record a step's admissions, preemptions and tokens.
+
+        Requests that emitted their previous token together have the same gap now: each
+        such group goes into the ITL histogram as one value weighted by its size (integer
+        weights sum exactly, so the histogram is the same as with one value per token).
+        Token counts are not kept per step: see :meth:`_settle_output_tokens`.
+        """
         end = result.end_s
+        admitted_s = self._admitted_s
+        for j in cast("tuple[int, ...]", result.admitted_ids):
+            if admitted_s[j] != admitted_s[j]:  # NaN: the first admission
+                admitted_s[j] = result.start_s
+        for j in cast("tuple[int, ...]", result.preempted_ids):
+            self._num_preemptions[j] += 1
         last = self._last_token_s
+        itl_max = self._itl_max_s
         values, weights = self._itl_values, self._itl_weights
-        for rid in result.admitted_ids:
-            j = int(rid)
-            if math.isnan(rec.admitted_s[j]):
-                rec.admitted_s[j] = result.start_s
-        for rid in result.preempted_ids:
-            rec.num_preemptions[int(rid)] += 1
-        for rid, n in result.tokens.items():
-            j = int(rid)
+        group_t, gap, count = math.nan, 0.0, 0
+        for j in cast("Mapping[int, int]", result.tokens):
             previous = last[j]
             if previous != previous:  # NaN: the first token
-                rec.first_token_s[j] = end
+                self._first_token_s[j] = end
             else:
-                gap = end - previous
-                values.append(gap)
-                weights.append(1.0)
-                if gap > rec.itl_max_s[j]:
-                    rec.itl_max_s[j] = gap
+                if previous != group_t:
+                    if count:
+                        values.append(gap)
+                        weights.append(float(count))
+                    group_t, gap, count = previous, end - previous, 0
+                count += 1
+                if gap > itl_max[j]:
+                    itl_max[j] = gap
             last[j] = end
-            rec.num_output_tokens[j] += n
+        if count:
+            values.append(gap)
+            weights.append(float(count))
         if len(values) > 262144:
             self._flush_itl()
 
@@ -446,6 +512,8 @@ class Simulator:
         Step ``k`` of the run lasts ``base + per_kv (KV + (k - 1) R)``: the gaps inside the
         run form an arithmetic progression, summarised for the ITL histogram by a few
         equal chunks (their mean gap, weighted by tokens) instead of one value per token.
+        The first gap of each request (since its previous token) is grouped as in
+        :meth:`_record_step`.
         """
         self._num_steps += run.num_steps
         m = run.num_steps
@@ -454,32 +522,49 @@ class Simulator:
         first_end = run.start_s + base + per_kv * kv
         last_end = run.end_s
         inner_max = base + per_kv * (kv + (m - 1) * r) if m > 1 else 0.0
-        rec = self.rec
         last = self._last_token_s
-        itl_max = rec.itl_max_s
-        num_tokens = rec.num_output_tokens
+        itl_max = self._itl_max_s
         values, weights = self._itl_values, self._itl_weights
-        for rid in run.request_ids:
-            j = int(rid)
-            gap = first_end - last[j]
-            values.append(gap)
-            weights.append(1.0)
-            peak = gap if gap > inner_max else inner_max
+        group_t, gap, peak, count = math.nan, 0.0, 0.0, 0
+        for j in cast("tuple[int, ...]", run.request_ids):
+            previous = last[j]
+            if previous != group_t:
+                if count:
+                    values.append(gap)
+                    weights.append(float(count))
+                group_t, gap, count = previous, first_end - previous, 0
+                peak = gap if gap > inner_max else inner_max
+            count += 1
             if peak > itl_max[j]:
                 itl_max[j] = peak
             last[j] = last_end
-            num_tokens[j] += m
+        if count:
+            values.append(gap)
+            weights.append(float(count))
         if m > 1:
             # Gaps d_k for k = 2..m; chunk c covers k in [lo, hi).
             chunks = min(m - 1, 4)
-            for c in range(chunks):
-                lo = 2 + (m - 1) * c // chunks
-                hi = 2 + (m - 1) * (c + 1) // chunks
+            lo = 2
+            for c in range(1, chunks + 1):
+                hi = 2 + (m - 1) * c // chunks
                 mid_k = (lo + hi - 1) / 2
                 values.append(base + per_kv * (kv + (mid_k - 1) * r))
                 weights.append(float((hi - lo) * r))
+                lo = hi
         if len(values) > 262144:
             self._flush_itl()
+
+    def _settle_output_tokens(self) -> None:
+        """Fill in the output tokens of calls still live in a replica (none, normally).
+
+        Tokens are not counted step by step: a call that finishes emitted all of its
+        output (set in :meth:`_call_finished`), a cancelled one what its engine request
+        had emitted (:meth:`_cancel_siblings`); this covers any other at the end.
+        """
+        for d in self.drivers:
+            sched = d.model.scheduler
+            for req in (*sched.running, *sched.waiting()):
+                self._num_output_tokens[cast("int", req.request_id)] = req.num_output_tokens
 
     def _flush_itl(self) -> None:
         if self._itl_values:

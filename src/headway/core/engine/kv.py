@@ -33,6 +33,7 @@ request may bring the hashes of its prompt blocks (Mooncake traces carry per-512
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 
 __all__ = [
     "BlockPool",
@@ -170,13 +171,19 @@ class BlockPool:
     Invariants (:meth:`check_invariants`): a block is in the free queue iff its ref count
     is 0; ``num_free`` counts the queue; every cached hash maps to blocks that carry it.
 
-    Data structures, chosen for O(1) operations without per-operation allocation (the
-    simulator calls this on every step): the free queue is an intrusive doubly linked
-    list stored in two ``list[int]`` arrays (``_prev``/``_next``, index ``num_blocks`` is
-    the sentinel). ``collections.deque`` cannot remove a revived prefix hit from the
-    middle in O(1); vLLM's ``FreeKVCacheBlockQueue`` makes the same choice. Ref counts
-    and hashes are plain lists indexed by block id; the cache is a ``dict`` from hash to
-    the first block with that hash, plus a small side table for the rare duplicates.
+    Data structures, chosen for O(1) operations that move many blocks at C speed (the
+    simulator takes and frees blocks on every step): the free queue is a ``list[int]``
+    of block ids, ``_queue[_head:]``, so that taking ``n`` blocks is a slice and freeing
+    is an ``extend``. A prefix hit that revives a free block from the middle of the
+    queue (vLLM's ``FreeKVCacheBlockQueue`` unlinks it from a linked list) leaves its
+    entry in place as *stale* instead: ``_stale[b]`` counts the stale entries of block
+    ``b`` in the queue and ``_num_stale`` all of them. A block's stale entries always
+    come before its live one (it can only be freed again after it was revived), so a
+    reader that meets an entry of ``b`` while ``_stale[b] > 0`` skips it and counts one
+    off. The consumed head is cut off (and stale entries purged) when it grows large.
+    Ref counts and hashes are plain lists indexed by block id; the cache is a ``dict``
+    from hash to the first block with that hash, plus a small side table for the rare
+    duplicates.
     """
 
     __slots__ = (
@@ -185,13 +192,15 @@ class BlockPool:
         "_cached_block",
         "_duplicates",
         "_enable_caching",
-        "_next",
+        "_head",
         "_num_blocks",
         "_num_evictions",
         "_num_free",
         "_num_hashed",
-        "_prev",
+        "_num_stale",
+        "_queue",
         "_ref_count",
+        "_stale",
     )
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, enable_caching: bool = True):
@@ -219,10 +228,10 @@ class BlockPool:
         self._enable_caching = enable_caching
         self._ref_count: list[int] = [0] * num_blocks
         self._block_hash: list[int | None] = [None] * num_blocks
-        sentinel = num_blocks
-        # Block b links to b - 1 and b + 1; the sentinel closes the ring.
-        self._next: list[int] = [*range(1, num_blocks + 1), 0]
-        self._prev: list[int] = [sentinel, *range(num_blocks)]
+        self._queue: list[int] = list(range(num_blocks))
+        self._head = 0
+        self._stale: list[int] = [0] * num_blocks
+        self._num_stale = 0
         self._num_free = num_blocks
         self._cached_block: dict[int, int] = {}
         self._duplicates: dict[int, list[int]] = {}
@@ -285,32 +294,58 @@ class BlockPool:
 
     def free_queue(self) -> Iterator[int]:
         """Free block ids in eviction order (next to be allocated first)."""
-        sentinel = self._num_blocks
-        nxt = self._next
-        b = nxt[sentinel]
-        while b != sentinel:
-            yield b
-            b = nxt[b]
+        return iter(self._live_entries(self._num_free))
 
-    # ---------------------------------------------------------- free-queue links
+    # ------------------------------------------------------------------ free queue
 
-    def _unlink(self, b: int) -> None:
-        prev, nxt = self._prev, self._next
-        p, n = prev[b], nxt[b]
-        nxt[p] = n
-        prev[n] = p
-        prev[b] = nxt[b] = -1
-        self._num_free -= 1
+    def _live_entries(self, limit: int) -> list[int]:
+        """The first ``limit`` live entries of the free queue, in order (read-only)."""
+        queue, head = self._queue, self._head
+        if not self._num_stale:
+            return queue[head : head + limit]
+        skip: dict[int, int] = {}
+        stale = self._stale
+        live: list[int] = []
+        for i in range(head, len(queue)):
+            if len(live) >= limit:
+                break
+            b = queue[i]
+            if stale[b] > skip.get(b, 0):
+                skip[b] = skip.get(b, 0) + 1
+            else:
+                live.append(b)
+        return live
 
-    def _append(self, b: int) -> None:
-        sentinel = self._num_blocks
-        prev, nxt = self._prev, self._next
-        tail = prev[sentinel]
-        nxt[tail] = b
-        prev[b] = tail
-        nxt[b] = sentinel
-        prev[sentinel] = b
-        self._num_free += 1
+    def _pop_head(self, num_blocks: int) -> list[int]:
+        """Remove the first ``num_blocks`` live entries of the queue and return them."""
+        queue, head = self._queue, self._head
+        if not self._num_stale:
+            taken = queue[head : head + num_blocks]
+            head += num_blocks
+        else:
+            stale = self._stale
+            taken = []
+            while len(taken) < num_blocks:
+                b = queue[head]
+                head += 1
+                if stale[b]:
+                    stale[b] -= 1
+                    self._num_stale -= 1
+                else:
+                    taken.append(b)
+        self._head = head
+        self._num_free -= num_blocks
+        if head > 4096 and head * 2 > len(queue):
+            del queue[:head]
+            self._head = 0
+        return taken
+
+    def _purge_stale(self) -> None:
+        """Rebuild the queue from its live entries (when stale ones pile up)."""
+        self._queue = self._live_entries(self._num_free)
+        self._head = 0
+        self._stale = [0] * self._num_blocks
+        self._num_stale = 0
 
     # ------------------------------------------------------------------ operations
 
@@ -324,7 +359,33 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 0 (got {num_blocks})")
         if num_blocks > self._num_free:
             return None
-        return [self.allocate_one() for _ in range(num_blocks)]
+        return self.take(num_blocks)
+
+    def take(self, num_blocks: int) -> list[int]:
+        """Take the first ``num_blocks`` blocks of the free queue, in queue order; the
+        caller checked ``num_free`` (:meth:`allocate` is the checked form).
+
+        The taken blocks are the head of the queue: one slice when no entry is stale.
+
+        Raises:
+            RuntimeError: if fewer blocks are free (a caller bug, not an overload outcome).
+        """
+        if not 0 <= num_blocks <= self._num_free:
+            raise RuntimeError(
+                f"take({num_blocks}) with {self._num_free} free blocks; check num_free first"
+            )
+        taken = self._pop_head(num_blocks)
+        ref = self._ref_count
+        if self._num_hashed:
+            hashes = self._block_hash
+            for b in taken:
+                ref[b] = 1
+                if hashes[b] is not None:
+                    self._evict(b)
+        else:  # nothing is cached, so nothing to evict
+            for b in taken:
+                ref[b] = 1
+        return taken
 
     def allocate_one(self) -> int:
         """Take the block at the head of the free queue; the caller checked ``num_free``.
@@ -332,29 +393,47 @@ class BlockPool:
         Raises:
             RuntimeError: if no block is free (a caller bug, not an overload outcome).
         """
-        b = self._next[self._num_blocks]
-        if b == self._num_blocks:
+        if not self._num_free:
             raise RuntimeError("allocate_one() on an empty free queue; check num_free first")
-        self._unlink(b)
-        if self._block_hash[b] is not None:
-            self._evict(b)
-        self._ref_count[b] = 1
-        return b
+        return self.take(1)[0]
 
-    def free(self, block_ids: Iterable[int]) -> None:
+    def free(self, block_ids: Iterable[int], *, distinct: bool = False) -> None:
         """Drop one reference from each block, in order (the first freed is evicted first).
+
+        Blocks whose count reaches 0 are gathered and appended to the queue at once (also
+        those freed before a double free is found, so the pool stays consistent).
+        ``distinct=True`` promises that no block is listed twice (a request's own blocks):
+        then, when every block has exactly one holder (no prefix sharing), the counts are
+        read and the blocks queued in bulk.
 
         Raises:
             ValueError: if a block is already free (a double free).
         """
         ref = self._ref_count
-        for b in block_ids:
-            count = ref[b]
-            if count <= 0:
-                raise ValueError(f"block {b} freed while free (ref count {count})")
-            ref[b] = count - 1
-            if count == 1:
-                self._append(b)
+        if (
+            distinct
+            and isinstance(block_ids, list)
+            and len(block_ids) > 1
+            and itemgetter(*block_ids)(ref).count(1) == len(block_ids)
+        ):
+            for b in block_ids:
+                ref[b] = 0
+            self._queue += block_ids
+            self._num_free += len(block_ids)
+            return
+        released: list[int] = []
+        append = released.append
+        try:
+            for b in block_ids:
+                count = ref[b]
+                if count <= 0:
+                    raise ValueError(f"block {b} freed while free (ref count {count})")
+                ref[b] = count - 1
+                if count == 1:
+                    append(b)
+        finally:
+            self._queue += released
+            self._num_free += len(released)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference on blocks found by :meth:`find_cached_prefix` (prefix hits).
@@ -363,9 +442,13 @@ class BlockPool:
         """
         ref = self._ref_count
         for b in block_ids:
-            if ref[b] == 0:
-                self._unlink(b)
+            if ref[b] == 0:  # its queue entry goes stale (see the class docstring)
+                self._stale[b] += 1
+                self._num_stale += 1
+                self._num_free -= 1
             ref[b] += 1
+        if self._num_stale > self._num_blocks:
+            self._purge_stale()
 
     def find_cached_prefix(self, block_hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Blocks cached under ``block_hashes[0]``, ``[1]``, ... up to the first miss.
@@ -430,15 +513,9 @@ class BlockPool:
         The decode-run planner uses this to know how many allocations can happen before
         one of a waiting request's prefix hits would be evicted.
         """
-        sentinel = self._num_blocks
-        nxt = self._next
-        b = nxt[sentinel]
-        position = 0
-        while position < limit and b != sentinel:
+        for position, b in enumerate(self._live_entries(limit)):
             if b in block_ids:
                 return position
-            b = nxt[b]
-            position += 1
         return limit
 
     # ------------------------------------------------------------------ invariants
@@ -446,34 +523,40 @@ class BlockPool:
     def check_invariants(self) -> None:
         """Raise ``RuntimeError`` if the pool's bookkeeping is inconsistent.
 
-        Checks: ref counts are >= 0; the free queue is a well-linked list of exactly the
-        blocks with ref count 0, each once, and ``num_free`` is its length; every hash in
-        the cache maps to blocks that carry it, and every block with a hash is listed
-        exactly once; nothing is cached when caching is off.
+        Checks: ref counts are >= 0; the free queue holds exactly the blocks with ref
+        count 0, each once live, and ``num_free`` counts them; every other entry is a
+        stale one, counted in ``_stale`` and ``_num_stale``; every hash in the cache maps
+        to blocks that carry it, and every block with a hash is listed exactly once;
+        nothing is cached when caching is off.
         """
         n = self._num_blocks
         ref = self._ref_count
         if any(count < 0 for count in ref):
             raise RuntimeError("a block has a negative ref count")
-        seen: set[int] = set()
-        prev, nxt = self._prev, self._next
-        b, before = nxt[n], n
-        while b != n:
-            if b in seen or not 0 <= b < n:
-                raise RuntimeError(f"free queue is corrupt at block {b}")
-            if prev[b] != before:
-                raise RuntimeError(f"free queue back link of block {b} is {prev[b]}")
-            if ref[b] != 0:
-                raise RuntimeError(f"block {b} is in the free queue with ref count {ref[b]}")
-            seen.add(b)
-            before, b = b, nxt[b]
-        if prev[n] != before:
-            raise RuntimeError("free queue tail link is stale")
-        if len(seen) != self._num_free:
-            raise RuntimeError(f"num_free is {self._num_free} but the queue holds {len(seen)}")
+        if not 0 <= self._head <= len(self._queue):
+            raise RuntimeError(f"free queue head {self._head} is out of range")
+        entries = [0] * n
+        for b in self._queue[self._head :]:
+            if not 0 <= b < n:
+                raise RuntimeError(f"free queue holds {b}, not a block")
+            entries[b] += 1
+        for b in range(n):
+            live = 1 if ref[b] == 0 else 0
+            if self._stale[b] != entries[b] - live or self._stale[b] < 0:
+                raise RuntimeError(
+                    f"block {b} (ref count {ref[b]}) has {entries[b]} queue entries but "
+                    f"{self._stale[b]} counted stale"
+                )
+        if sum(self._stale) != self._num_stale:
+            raise RuntimeError(f"num_stale is {self._num_stale} but {sum(self._stale)} counted")
         num_zero = sum(1 for count in ref if count == 0)
-        if num_zero != len(seen):
-            raise RuntimeError(f"{num_zero} blocks have ref count 0 but {len(seen)} are free")
+        if num_zero != self._num_free:
+            raise RuntimeError(
+                f"{num_zero} blocks have ref count 0 but num_free is {self._num_free}"
+            )
+        queue = self._live_entries(self._num_free + 1)
+        if len(queue) != self._num_free or any(ref[b] != 0 for b in queue):
+            raise RuntimeError(f"the live queue entries are not the {num_zero} free blocks")
         self._check_cache()
 
     def _check_cache(self) -> None:

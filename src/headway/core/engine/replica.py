@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from headway.core.engine.scheduler import EngineRequest, Scheduler, SchedulerConfig
+from headway.core.engine.scheduler import EngineRequest, RequestId, Scheduler, SchedulerConfig
 from headway.core.engine.steptime import BatchShape, StepTimeModel
 
 __all__ = [
@@ -56,6 +56,26 @@ def decode_run_duration_s(
     return num_steps * base_s + per_kv_token_s * kv_total
 
 
+def _estimate_steps_before(
+    until_s: float, num_seqs: int, kv_tokens_first_step: int, base_s: float, per_kv_token_s: float
+) -> int:
+    """Roughly how many decode steps start before ``until_s`` seconds into a run: the
+    real root ``x`` of ``T(x) = until_s``, where ``T(x) = a x² + b x`` is
+    :func:`decode_run_duration_s` written as a polynomial, plus one (step ``k`` starts
+    at ``T(k - 1)``). An estimate for a search to check, 1 when there is none."""
+    a = per_kv_token_s * num_seqs / 2
+    b = base_s + per_kv_token_s * kv_tokens_first_step - a
+    if a > 0:
+        root = (-b + math.sqrt(b * b + 4 * a * until_s)) / (2 * a)
+    elif b > 0:
+        root = until_s / b
+    else:
+        return 1
+    if not 0 <= root < 2**62:
+        return 1
+    return math.ceil(root)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
     """The outcome of one :meth:`ReplicaModel.step`."""
@@ -69,20 +89,20 @@ class StepResult:
     end_s: float
     """``start_s + duration_s``: when its tokens are emitted and the next step may start."""
 
-    tokens: Mapping[str, int]
+    tokens: Mapping[RequestId, int]
     """Tokens emitted per request at ``end_s`` (1 each; a prefill that completes emits the
     first token; a prefill chunk that does not is absent)."""
 
-    finished_ids: tuple[str, ...]
+    finished_ids: tuple[RequestId, ...]
     """Requests that emitted their last token in this step."""
 
-    preempted_ids: tuple[str, ...]
+    preempted_ids: tuple[RequestId, ...]
     """Requests preempted by this step (KV freed; they will recompute)."""
 
-    admitted_ids: tuple[str, ...]
+    admitted_ids: tuple[RequestId, ...]
     """Requests that entered the running set in this step (new or resumed)."""
 
-    num_scheduled_tokens: Mapping[str, int]
+    num_scheduled_tokens: Mapping[RequestId, int]
     """Tokens computed per request in this step."""
 
     batch: BatchShape
@@ -109,7 +129,7 @@ class DecodeRun:
     num_steps: int
     """Steps in the run."""
 
-    request_ids: tuple[str, ...]
+    request_ids: tuple[RequestId, ...]
     """The decoding requests, in running order."""
 
     kv_tokens_first_step: int
@@ -121,8 +141,21 @@ class DecodeRun:
     per_kv_token_s: float
     """Per-KV-token cost, from ``StepTimeModel.decode_step_affine``."""
 
-    finished_ids: tuple[str, ...]
+    finished_ids: tuple[RequestId, ...]
     """Requests that emitted their last token in the last step."""
+
+    end_s: float = field(init=False, repr=False, compare=False)
+    """When the last step ended: ``step_end_s(num_steps)``, computed once."""
+
+    def __post_init__(self) -> None:
+        duration_s = decode_run_duration_s(
+            self.num_steps,
+            len(self.request_ids),
+            self.kv_tokens_first_step,
+            self.base_s,
+            self.per_kv_token_s,
+        )
+        object.__setattr__(self, "end_s", self.start_s + duration_s)
 
     @property
     def num_seqs(self) -> int:
@@ -149,12 +182,7 @@ class DecodeRun:
         )
 
     @property
-    def end_s(self) -> float:
-        """When the last step ended."""
-        return self.step_end_s(self.num_steps)
-
-    @property
-    def tokens(self) -> Mapping[str, int]:
+    def tokens(self) -> Mapping[RequestId, int]:
         """Tokens emitted per request over the run (``num_steps`` each)."""
         return dict.fromkeys(self.request_ids, self.num_steps)
 
@@ -217,6 +245,9 @@ class ReplicaModel:
         self.step_time: Final = step_time
         self._busy_until_s = -math.inf
         self._num_steps = 0
+        self._affine: dict[int, tuple[float, float]] = {}
+        """``step_time.decode_step_affine`` by batch size, asked once per size (a step-time
+        model is a function of the batch: the same batch always takes the same time)."""
 
     @property
     def config(self) -> SchedulerConfig:
@@ -263,7 +294,7 @@ class ReplicaModel:
         """
         self.scheduler.add_request(req, now)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: RequestId) -> bool:
         """Cancel a request and free its KV blocks at once; False if it is not live."""
         return self.scheduler.abort(request_id)
 
@@ -313,12 +344,24 @@ class ReplicaModel:
         known to the replica; bound the run with :meth:`decode_steps_starting_before`."""
         return self.scheduler.decode_run_limit()
 
+    def _decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
+        """``step_time.decode_step_affine(num_seqs)``, memoised per replica."""
+        affine = self._affine.get(num_seqs)
+        if affine is None:
+            affine = self._affine[num_seqs] = self.step_time.decode_step_affine(num_seqs)
+        return affine
+
     def _decode_affine(self) -> tuple[int, int, float, float]:
-        running = self.scheduler.running
-        num_seqs = len(running)
-        kv_first = sum(r.num_computed_tokens for r in running)
-        base_s, per_kv_token_s = self.step_time.decode_step_affine(num_seqs)
+        num_seqs = self.scheduler.num_running
+        kv_first = self.scheduler.decode_run_kv_tokens()
+        base_s, per_kv_token_s = self._decode_step_affine(num_seqs)
         return num_seqs, kv_first, base_s, per_kv_token_s
+
+    def decode_run_end_s(self, now: float, num_steps: int) -> float:
+        """When ``num_steps`` identical decode steps run from ``now`` would end: the
+        ``end_s`` of :meth:`preview_decode_run`, without building the run."""
+        num_seqs, kv_first, base_s, per_kv_s = self._decode_affine()
+        return now + decode_run_duration_s(num_steps, num_seqs, kv_first, base_s, per_kv_s)
 
     def decode_steps_starting_before(
         self, now: float, until_s: float, max_steps: int | None = None
@@ -333,12 +376,26 @@ class ReplicaModel:
             return 0
         num_seqs, kv_first, base_s, per_kv_s = self._decode_affine()
         lo, hi = 1, limit  # step 1 starts at now < until_s
+
+        # The search decides with the same sums; the closed-form estimate of the answer
+        # (the root of a quadratic) only narrows its bracket, usually to one value.
+        def starts_before(k: int) -> bool:
+            duration_s = decode_run_duration_s(k - 1, num_seqs, kv_first, base_s, per_kv_s)
+            return now + duration_s < until_s
+
+        guess = _estimate_steps_before(until_s - now, num_seqs, kv_first, base_s, per_kv_s)
+        guess = min(max(guess, lo), hi)
+        if starts_before(guess):
+            lo = guess
+            if guess < hi and not starts_before(guess + 1):
+                hi = guess
+        else:
+            hi = guess - 1  # >= 1: step 1 starts before until_s
+            if lo < hi and starts_before(hi):
+                lo = hi
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            start_of_mid = now + decode_run_duration_s(
-                mid - 1, num_seqs, kv_first, base_s, per_kv_s
-            )
-            if start_of_mid < until_s:
+            if starts_before(mid):
                 lo = mid
             else:
                 hi = mid - 1
@@ -376,7 +433,7 @@ class ReplicaModel:
         """
         self._check_start(now)
         outcome = self.scheduler.apply_decode_steps(num_steps)
-        base_s, per_kv_token_s = self.step_time.decode_step_affine(outcome.num_seqs)
+        base_s, per_kv_token_s = self._decode_step_affine(outcome.num_seqs)
         run = DecodeRun(
             start_s=now,
             num_steps=outcome.num_steps,

@@ -14,17 +14,23 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeAlias
 
 __all__ = [
     "TERMINAL_STATUSES",
     "EngineRequest",
     "FcfsRequestQueue",
     "PriorityRequestQueue",
+    "RequestId",
     "RequestQueue",
     "RequestStatus",
     "create_request_queue",
 ]
+
+
+RequestId: TypeAlias = str | int
+"""A request's id, unique within a replica: any string, or an integer (the simulator uses
+the call's row number, which saves converting ids back and forth on every step)."""
 
 
 class RequestStatus(enum.Enum):
@@ -86,7 +92,7 @@ class EngineRequest:
 
     def __init__(
         self,
-        request_id: str,
+        request_id: RequestId,
         *,
         num_prompt_tokens: int,
         max_output_tokens: int,
@@ -96,7 +102,7 @@ class EngineRequest:
         """Describe a request.
 
         Args:
-            request_id: unique within the replica.
+            request_id: unique within the replica (a string or an integer).
             num_prompt_tokens: prompt length, >= 1.
             max_output_tokens: tokens the request generates before it stops, >= 1 (the
                 simulator passes the true output length: end-of-sequence is folded in).

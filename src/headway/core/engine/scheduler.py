@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 import msgspec
@@ -45,6 +46,7 @@ from headway.core.engine.kv import BlockPool, unique_block_hash
 from headway.core.engine.request import (
     TERMINAL_STATUSES,
     EngineRequest,
+    RequestId,
     RequestStatus,
     create_request_queue,
 )
@@ -55,6 +57,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "DecodeStepsOutcome",
     "EngineRequest",
+    "RequestId",
     "RequestStatus",
     "SchedulePlan",
     "Scheduler",
@@ -154,17 +157,22 @@ class SchedulePlan:
     first, then those admitted this step, plus the batch sums the step-time model needs.
     """
 
-    num_scheduled_tokens: Mapping[str, int]
+    num_scheduled_tokens: Mapping[RequestId, int]
     """Tokens each scheduled request computes this step (>= 1 each)."""
 
-    preempted_ids: tuple[str, ...]
+    preempted_ids: tuple[RequestId, ...]
     """Requests preempted while building this step (their KV is freed, recompute later)."""
 
-    admitted_ids: tuple[str, ...]
+    admitted_ids: tuple[RequestId, ...]
     """Requests that left the waiting queue this step (new or resumed after preemption)."""
 
     batch: BatchShape
     """Sums over the batch that determine the step's duration."""
+
+    requests: tuple[EngineRequest, ...] = field(default=(), repr=False, compare=False)
+    """The scheduled requests themselves, in the order of ``num_scheduled_tokens``, so
+    that :meth:`Scheduler.update_after_step` need not look them up by id (empty for a
+    plan built elsewhere: then it does)."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -181,11 +189,11 @@ class SchedulePlan:
 class StepOutputs:
     """What one step produced: the output of :meth:`Scheduler.update_after_step`."""
 
-    tokens: Mapping[str, int]
+    tokens: Mapping[RequestId, int]
     """Tokens emitted per request (1 for a decode or a completed prefill; absent for a
     prefill chunk that did not reach the end of the known tokens)."""
 
-    finished_ids: tuple[str, ...]
+    finished_ids: tuple[RequestId, ...]
     """Requests that generated their last token this step (their blocks are freed)."""
 
 
@@ -197,13 +205,13 @@ class DecodeStepsOutcome:
     num_steps: int
     """Steps applied."""
 
-    request_ids: tuple[str, ...]
+    request_ids: tuple[RequestId, ...]
     """The requests that decoded, in running order (each emitted ``num_steps`` tokens)."""
 
     kv_tokens_first_step: int
     """KV tokens read by the first step; each later step reads ``num_seqs`` more."""
 
-    finished_ids: tuple[str, ...]
+    finished_ids: tuple[RequestId, ...]
     """Requests that emitted their last token in the last step."""
 
     @property
@@ -213,12 +221,29 @@ class DecodeStepsOutcome:
 
 
 class _StepBuilder:
-    """Mutable state of one ``schedule()`` call."""
+    """Mutable state of one ``schedule()`` call.
 
-    __slots__ = ("admitted", "budget", "preempted", "scheduled")
+    ``decoded`` are running requests that :meth:`Scheduler._schedule_decoding` already
+    gave their one decode token (their computed tokens already advanced, their KV tokens
+    summed in ``decode_kv``, their ids in ``decoded_ids``); ``scheduled`` are the
+    others, advanced by ``_build_plan``.
+    """
+
+    __slots__ = (
+        "admitted",
+        "budget",
+        "decode_kv",
+        "decoded",
+        "decoded_ids",
+        "preempted",
+        "scheduled",
+    )
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
+        self.decoded: list[EngineRequest] = []
+        self.decoded_ids: list[RequestId] = []
+        self.decode_kv = 0
         self.scheduled: dict[EngineRequest, int] = {}
         self.preempted: list[EngineRequest] = []
         self.admitted: list[EngineRequest] = []
@@ -253,11 +278,25 @@ class Scheduler:
         self.pool: Final = BlockPool(
             num_blocks, config.block_size, enable_caching=config.enable_prefix_caching
         )
-        self._requests: dict[str, EngineRequest] = {}
+        self._requests: dict[RequestId, EngineRequest] = {}
         self._running: list[EngineRequest] = []
+        self._running_ids: list[RequestId] = []
+        """The ids of ``_running``, in the same order (kept in step with it: steps report
+        the running set's ids, and a copy of this list costs no Python loop)."""
         self._waiting = create_request_queue(config.policy)
         self._seq = itertools.count()
         self._watermark_blocks = int(config.watermark * num_blocks)
+        self._block_size = config.block_size
+        self._caching = config.enable_prefix_caching
+        self._run_cache: tuple[int, int] | None = None
+        """``(decode_run_limit(), KV tokens of the running set)`` while the state they
+        were computed from lasts: every method that changes requests, queues or blocks
+        resets it to ``None`` (``check_invariants`` recomputes and compares)."""
+        self._sums_cache: tuple[int, int] | None = None
+        """What :meth:`_decoding_sums` returns, while the running set and its tokens stay
+        as they are: set by the steps that already visit every running request
+        (:meth:`update_after_step`, :meth:`apply_decode_steps`), reset to ``None`` by
+        anything else that changes the running set (``check_invariants`` compares)."""
         self.num_preemptions = 0
         """Preemptions so far (a request preempted twice counts twice)."""
         self.num_finished = 0
@@ -295,7 +334,7 @@ class Scheduler:
         """Waiting requests in the order they would be admitted."""
         return self._waiting.ordered()
 
-    def get_request(self, request_id: str) -> EngineRequest | None:
+    def get_request(self, request_id: RequestId) -> EngineRequest | None:
         """The live (running or waiting) request with this id, or ``None``."""
         return self._requests.get(request_id)
 
@@ -312,6 +351,7 @@ class Scheduler:
                 chunked prefill, more tokens than one step's budget).
         """
         rid = req.request_id
+        self._run_cache = None
         if not math.isfinite(arrival_s):
             raise ValueError(f"request {rid!r}: arrival_s must be finite (got {arrival_s})")
         if rid in self._requests:
@@ -349,13 +389,16 @@ class Scheduler:
         self._requests[rid] = req
         self._waiting.push(req)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: RequestId) -> bool:
         """Cancel a live request and free its blocks now; False if it is not live."""
         req = self._requests.pop(request_id, None)
         if req is None:
             return False
+        self._run_cache = None
         if req.status is RequestStatus.RUNNING:
-            self._running.remove(req)
+            self._sums_cache = None
+            index = self._running.index(req)
+            del self._running[index], self._running_ids[index]
             self._release(req)
         else:
             self._waiting.discard(req)
@@ -368,10 +411,54 @@ class Scheduler:
     def schedule(self) -> SchedulePlan:
         """Decide the next step and apply its bookkeeping (see the module docstring)."""
         step = _StepBuilder(self.config.max_num_batched_tokens)
-        self._schedule_running(step)
+        if not self._schedule_decoding(step):
+            self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
         return self._build_plan(step)
+
+    def _schedule_decoding(self, step: _StepBuilder) -> bool:
+        """:meth:`_schedule_running` for a running set that only decodes, when its blocks
+        fit: every request gets its one token, block for block as the general loop would
+        give them (the same closed form as :meth:`apply_decode_steps` for one step).
+
+        Returns False, having changed nothing but resetting the caches, when some running
+        request is not decoding or the step's new blocks do not fit (someone would be
+        preempted); the general loop then schedules the running set.
+        """
+        kv_tokens = self._decoding_sums()[1]
+        self._run_cache = self._sums_cache = None
+        if kv_tokens < 0:
+            return False
+        running = self._running
+        pool = self.pool
+        if len(running) > pool.num_free and self._blocks_for_steps(1) > pool.num_free:
+            return False
+        bs = self._block_size
+        caching = self._caching
+        needs_block: list[EngineRequest] = []
+        to_cache: list[EngineRequest] = []
+        for r in running:
+            computed = r.num_computed_tokens
+            if computed % bs == 0:
+                needs_block.append(r)
+            computed += 1
+            r.num_computed_tokens = computed
+            if caching and computed // bs > r._num_cached_blocks:
+                if r._num_cached_blocks < r._num_eager_hashes:
+                    to_cache.append(r)  # registers a hash: once its block is taken
+                else:
+                    r._num_cached_blocks = computed // bs
+        if needs_block:
+            for r, block in zip(needs_block, pool.take(len(needs_block)), strict=True):
+                r.block_ids.append(block)
+        for r in to_cache:
+            self._cache_full_blocks(r, r.num_computed_tokens)
+        step.decoded = running[:]
+        step.decoded_ids = self._running_ids[:]
+        step.decode_kv = kv_tokens
+        step.budget -= len(running)
+        return True
 
     def _schedule_running(self, step: _StepBuilder) -> None:
         """Give each running request its next tokens; preempt when blocks run out."""
@@ -380,13 +467,15 @@ class Scheduler:
         i = 0
         while i < len(running) and step.budget > 0:
             req = running[i]
-            num_new = req.num_tokens - req.num_computed_tokens
+            num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
-            num_new = min(num_new, step.budget)
-            while not self._allocate_slots(req, num_new):
+            if num_new > step.budget:
+                num_new = step.budget
+            while not self._allocate_running(req, num_new):
                 victim_index = self._victim_index()
                 victim = running.pop(victim_index)
+                del self._running_ids[victim_index]
                 if victim in step.scheduled:  # priority policy only: undo its tokens
                     step.budget += step.scheduled.pop(victim)
                 if victim_index < i:
@@ -423,6 +512,8 @@ class Scheduler:
 
     def _schedule_waiting(self, step: _StepBuilder) -> None:
         """Admit waiting requests, in queue order, while their blocks fit."""
+        if not self._waiting:
+            return
         cfg = self.config
         bs = cfg.block_size
         waiting = self._waiting
@@ -441,6 +532,7 @@ class Scheduler:
                 break
             waiting.pop()
             self._running.append(req)
+            self._running_ids.append(req.request_id)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = len(hits) * bs
             if req.num_cached_prompt_tokens < 0:
@@ -465,11 +557,17 @@ class Scheduler:
 
     def _build_plan(self, step: _StepBuilder) -> SchedulePlan:
         """Advance computed tokens and sum the batch for the step-time model."""
-        prefill_tokens = pairs = prefill_seqs = decode_seqs = decode_kv = 0
-        scheduled: dict[str, int] = {}
+        prefill_tokens = pairs = prefill_seqs = 0
+        decode_seqs, decode_kv = len(step.decoded), step.decode_kv
+        scheduled: dict[RequestId, int] = dict.fromkeys(step.decoded_ids, 1)
         for req, num_new in step.scheduled.items():
             prior = req.num_computed_tokens
-            if num_new == 1 and req.is_decoding:
+            # req.is_decoding, inlined: this loop runs over the whole batch every step
+            if (
+                num_new == 1
+                and req.num_output_tokens > 0
+                and prior == req.num_prompt_tokens + req.num_output_tokens - 1
+            ):
                 decode_seqs += 1
                 decode_kv += prior
             else:
@@ -486,8 +584,8 @@ class Scheduler:
             )
         return SchedulePlan(
             num_scheduled_tokens=scheduled,
-            preempted_ids=tuple(r.request_id for r in step.preempted),
-            admitted_ids=tuple(r.request_id for r in step.admitted),
+            preempted_ids=tuple([r.request_id for r in step.preempted]),
+            admitted_ids=tuple([r.request_id for r in step.admitted]),
             batch=BatchShape(
                 num_prefill_tokens=prefill_tokens,
                 prefill_attention_pairs=pairs,
@@ -495,6 +593,7 @@ class Scheduler:
                 num_decode_seqs=decode_seqs,
                 decode_kv_tokens=decode_kv,
             ),
+            requests=(*step.decoded, *step.scheduled),
         )
 
     def update_after_step(self, plan: SchedulePlan) -> StepOutputs:
@@ -505,24 +604,45 @@ class Scheduler:
         Requests aborted since :meth:`schedule` are skipped. Calling it twice with the
         same plan does nothing the second time.
         """
-        tokens: dict[str, int] = {}
+        self._run_cache = None
+        tokens: dict[RequestId, int] = {}
         finished: list[EngineRequest] = []
-        for rid in plan.num_scheduled_tokens:
-            req = self._requests.get(rid)
-            if req is None or req.status is not RequestStatus.RUNNING:
-                continue
-            if req.num_computed_tokens == req.num_tokens:
-                req.num_output_tokens += 1
-                tokens[rid] = 1
-                if req.num_output_tokens >= req.max_output_tokens:
+        requests: Iterable[EngineRequest | None] = plan.requests
+        if len(plan.requests) != len(plan.num_scheduled_tokens):  # a plan built elsewhere
+            requests = [self._requests.get(rid) for rid in plan.num_scheduled_tokens]
+        running = RequestStatus.RUNNING
+        # Requests that emitted and go on now decode: if they are the whole running set,
+        # their sums are _decoding_sums()' answer, gathered here on the way.
+        num_decoding = kv_tokens = 0
+        max_steps = -1
+        for req in requests:
+            if req is None or req.status is not running:
+                continue  # aborted since schedule()
+            output = req.num_output_tokens
+            computed = req.num_computed_tokens
+            if computed == req.num_prompt_tokens + output:
+                req.num_output_tokens = output = output + 1
+                tokens[req.request_id] = 1
+                left = req.max_output_tokens - output
+                if left <= 0:
                     finished.append(req)
+                else:
+                    num_decoding += 1
+                    kv_tokens += computed
+                    if left < max_steps or max_steps < 0:
+                        max_steps = left
         if finished:
             self._finish(finished)
-        return StepOutputs(tokens=tokens, finished_ids=tuple(r.request_id for r in finished))
+        self._sums_cache = None
+        if num_decoding == len(self._running):
+            self._sums_cache = self._checked_sums(max_steps, kv_tokens)
+        return StepOutputs(tokens=tokens, finished_ids=tuple([r.request_id for r in finished]))
 
     def _finish(self, finished: list[EngineRequest]) -> None:
-        done = set(finished)
-        self._running = [r for r in self._running if r not in done]
+        running, running_ids = self._running, self._running_ids
+        for req in finished:
+            index = running.index(req)
+            del running[index], running_ids[index]
         for req in finished:
             self._release(req)
             req.status = RequestStatus.FINISHED
@@ -534,7 +654,7 @@ class Scheduler:
     def _prefix_hits(self, req: EngineRequest) -> list[int]:
         """Cached blocks for the request's prefix, at most ``num_tokens - 1`` tokens' worth
         (the last token is always recomputed to get its logits, as in vLLM)."""
-        if not self.config.enable_prefix_caching:
+        if not self._caching or not req.block_hashes:
             return []
         max_blocks = (req.num_tokens - 1) // self.config.block_size
         return self.pool.find_cached_prefix(req.block_hashes, max_blocks)
@@ -549,7 +669,7 @@ class Scheduler:
         """
         pool = self.pool
         num_new = _cdiv(num_slots, self.config.block_size) - len(req.block_ids) - len(hits)
-        evictable = sum(1 for b in hits if pool.ref_count(b) == 0)
+        evictable = sum(1 for b in hits if pool.ref_count(b) == 0) if hits else 0
         return max(num_new, 0) + evictable
 
     def _admission_blocks(
@@ -581,6 +701,8 @@ class Scheduler:
                            |<-- slots to allocate -->|
             | < cached: full blocks of known tokens >   |
         """
+        if not hits and not watermark and not from_waiting:
+            return self._allocate_running(req, num_new)
         hits = hits or []
         pool = self.pool
         required = self._admission_blocks(req, num_new, hits, watermark, full=from_waiting)
@@ -592,9 +714,30 @@ class Scheduler:
             req.block_ids.extend(hits)
             req._num_cached_blocks = len(hits)
         num_slots = req.num_computed_tokens + len(hits) * bs + num_new
-        for _ in range(_cdiv(num_slots, bs) - len(req.block_ids)):
-            req.block_ids.append(pool.allocate_one())
+        num_missing = _cdiv(num_slots, bs) - len(req.block_ids)
+        if num_missing > 0:
+            req.block_ids += pool.take(num_missing)
         self._cache_full_blocks(req, min(num_slots, req.num_tokens))
+        return True
+
+    def _allocate_running(self, req: EngineRequest, num_new: int) -> bool:
+        """:meth:`_allocate_slots` without prefix hits or watermark (a running request's
+        next tokens), the same effect by a shorter path: runs for every request each step.
+        """
+        bs = self._block_size
+        num_slots = req.num_computed_tokens + num_new
+        blocks = req.block_ids
+        num_missing = -(-num_slots // bs) - len(blocks)
+        if num_missing > 0:
+            if num_missing > self.pool.num_free:
+                return False
+            blocks += self.pool.take(num_missing)
+        if self._caching:
+            num_known = req.num_prompt_tokens + req.num_output_tokens
+            if num_known > num_slots:
+                num_known = num_slots
+            if num_known // bs > req._num_cached_blocks:
+                self._cache_full_blocks(req, num_known)
         return True
 
     def _cache_full_blocks(self, req: EngineRequest, num_tokens: int) -> None:
@@ -628,7 +771,7 @@ class Scheduler:
 
     def _release(self, req: EngineRequest) -> None:
         """Free a request's blocks, last block first (its tail is evicted first)."""
-        self.pool.free(reversed(req.block_ids))
+        self.pool.free(req.block_ids[::-1], distinct=True)
         req.block_ids = []
         req._num_cached_blocks = 0
 
@@ -636,17 +779,23 @@ class Scheduler:
 
     def _blocks_for_steps(self, num_steps: int) -> int:
         """New blocks the running set needs for ``num_steps`` more decode steps."""
-        bs = self.config.block_size
+        bs = self._block_size
         total = 0
         for r in self._running:
-            need = _cdiv(r.num_computed_tokens + num_steps, bs) - len(r.block_ids)
+            need = -(-(r.num_computed_tokens + num_steps) // bs) - len(r.block_ids)
             if need > 0:
                 total += need
         return total
 
     def _max_steps_within(self, max_steps: int, max_blocks: int) -> int:
-        """Largest ``n <= max_steps`` whose decode steps need at most ``max_blocks``."""
-        if self._blocks_for_steps(max_steps) <= max_blocks:
+        """Largest ``n <= max_steps`` whose decode steps need at most ``max_blocks``.
+
+        ``n`` steps cross at most ``cdiv(n, block_size)`` block boundaries per request
+        (a running request holds ``cdiv(computed, block_size)`` blocks), so when that
+        bound fits, the exact count is not needed.
+        """
+        bound = len(self._running) * -(-max_steps // self._block_size)
+        if bound <= max_blocks or self._blocks_for_steps(max_steps) <= max_blocks:
             return max_steps  # the common case: the pool is far from full
         lo, hi = 0, max_steps
         while lo < hi:
@@ -666,20 +815,62 @@ class Scheduler:
         not fit (preemption), or a step in which the head of the waiting queue could be
         admitted. 0 when the next step is not such a step (a prefill is running, a
         waiting request fits now, ...). New arrivals are the caller's business.
+
+        The answer is kept until the scheduler's state next changes (a driver asks
+        several times about the same run).
         """
+        return self._decode_run_state()[0]
+
+    def decode_run_kv_tokens(self) -> int:
+        """KV tokens the next decode-only step reads: the running set's computed tokens."""
+        kv_tokens = self._decode_run_state()[1]
+        if kv_tokens < 0:  # not all decoding: not summed
+            kv_tokens = sum(r.num_computed_tokens for r in self._running)
+        return kv_tokens
+
+    def _decode_run_state(self) -> tuple[int, int]:
+        """``(decode_run_limit, kv_tokens)``, from ``_run_cache`` or computed into it (from
+        :meth:`_decoding_sums`); ``kv_tokens`` is -1 unless every request decodes."""
+        cached = self._run_cache
+        if cached is not None:
+            return cached
+        max_steps, kv_tokens = self._decoding_sums()
+        state = (0, kv_tokens)
+        if kv_tokens >= 0:
+            steps = self._max_steps_within(max_steps, self.pool.num_free)
+            if steps > 0:
+                steps = self._limit_by_waiting(steps)
+            state = (steps, kv_tokens)
+        self._run_cache = state
+        return state
+
+    def _checked_sums(self, max_steps: int, kv_tokens: int) -> tuple[int, int]:
+        """:meth:`_decoding_sums` for a running set known to be all decoding."""
+        if not 0 < len(self._running) <= self.config.max_num_batched_tokens:
+            return (0, -1)
+        return (max_steps, kv_tokens)
+
+    def _decoding_sums(self) -> tuple[int, int]:
+        """``(fewest output tokens left, KV tokens)`` over the running set when every
+        running request is decoding (and a step can hold them all); ``(0, -1)`` if not.
+        From ``_sums_cache`` when set, else one pass over the running set."""
+        if self._sums_cache is not None:
+            return self._sums_cache
         running = self._running
-        num_seqs = len(running)
-        if num_seqs == 0 or num_seqs > self.config.max_num_batched_tokens:
-            return 0
-        max_steps = running[0].num_remaining_output_tokens
+        if not 0 < len(running) <= self.config.max_num_batched_tokens:
+            return (0, -1)
+        max_steps = running[0].max_output_tokens - running[0].num_output_tokens
+        kv_tokens = 0
         for r in running:
-            if not r.is_decoding:
-                return 0
-            max_steps = min(max_steps, r.num_remaining_output_tokens)
-        steps = self._max_steps_within(max_steps, self.pool.num_free)
-        if steps == 0:
-            return 0
-        return self._limit_by_waiting(steps)
+            output = r.num_output_tokens
+            computed = r.num_computed_tokens
+            if output == 0 or computed != r.num_prompt_tokens + output - 1:  # is_decoding
+                return (0, -1)
+            kv_tokens += computed
+            left = r.max_output_tokens - output
+            if left < max_steps:
+                max_steps = left
+        return (max_steps, kv_tokens)
 
     def _limit_by_waiting(self, steps: int) -> int:
         """Shorten a decode run so that no waiting request could be admitted inside it.
@@ -688,9 +879,11 @@ class Scheduler:
         depends on free blocks, which only fall during the run, and on its prefix hits,
         which only change if an allocation evicts one of them: stop before that.
         """
+        if not self._waiting:
+            return steps
         cfg = self.config
         budget_left = cfg.max_num_batched_tokens - len(self._running)
-        if not self._waiting or len(self._running) >= cfg.max_num_seqs or budget_left <= 0:
+        if len(self._running) >= cfg.max_num_seqs or budget_left <= 0:
             return steps
         candidates = (
             self._waiting.ordered() if not cfg.enable_chunked_prefill else [self._waiting.peek()]
@@ -710,7 +903,14 @@ class Scheduler:
                 if steps == 0:
                     return 0
             required = self._admission_blocks(req, num_new, hits, self._watermark_blocks, full=True)
-            if required <= self.pool.num_free - self._blocks_for_steps(1):
+            # Admitted after the first step's allocations? They are between 0 and one
+            # block per running request: count them only when those bounds do not decide.
+            free = self.pool.num_free
+            if required > free:
+                return steps
+            if required <= free - len(self._running):
+                return 0
+            if required <= free - self._blocks_for_steps(1):
                 return 0
             return steps
         return steps
@@ -726,58 +926,120 @@ class Scheduler:
         Raises:
             ValueError: if ``num_steps`` is not in ``1..decode_run_limit()``.
         """
-        limit = self.decode_run_limit()
+        limit, kv_first = self._decode_run_state()
         if not 1 <= num_steps <= limit:
             raise ValueError(
                 f"num_steps must be in 1..{limit} (got {num_steps}); ask "
                 "decode_run_limit() how many identical decode steps are safe"
             )
-        bs = self.config.block_size
+        self._run_cache = None
+        bs = self._block_size
+        caching = self._caching
         running = self._running
         # Step k computes position p = c + k - 1 of a request with c computed tokens: it
-        # needs a new block when p % bs == 0. Blocks are taken in step order, running order
-        # within a step, as stepping would take them. (Blocks filled by decoding hold
-        # request-unique content: _cache_full_blocks only counts them.)
-        events: list[tuple[int, int]] = []
+        # needs a new block when p % bs == 0, i.e. at k = offset + 1, offset + 1 + bs, ...
+        # with offset = (-c) % bs. Blocks are taken in step order, running order within a
+        # step, as stepping would take them: see _take_decode_blocks, which gets the
+        # requests that need any, as (offset, running index). Blocks are then cached as
+        # they fill. (Blocks filled by decoding hold request-unique content: unless a
+        # preemption registered their hashes, _cache_full_blocks only counts them, done
+        # inline here.)
+        needs: list[tuple[int, int]] = []
+        to_cache: list[EngineRequest] = []
+        finished: list[EngineRequest] = []
+        # The requests that go on still decode: their sums are _decoding_sums()' answer.
+        kv_tokens = 0
+        max_steps = -1
         for index, r in enumerate(running):
-            c = r.num_computed_tokens
-            events.extend((k, index) for k in range((-c) % bs + 1, num_steps + 1, bs))
-        events.sort()
-        allocate = self.pool.allocate_one
-        for _, index in events:
-            running[index].block_ids.append(allocate())
-        kv_first = 0
-        for r in running:
-            kv_first += r.num_computed_tokens
-            r.num_computed_tokens += num_steps
-            r.num_output_tokens += num_steps
+            computed = r.num_computed_tokens
+            offset = (-computed) % bs
+            if offset < num_steps:
+                needs.append((offset, index))
+            computed += num_steps
+            r.num_computed_tokens = computed
+            output = r.num_output_tokens + num_steps
+            r.num_output_tokens = output
+            if caching:
+                num_full = computed // bs
+                if num_full > r._num_cached_blocks:
+                    if r._num_cached_blocks < r._num_eager_hashes:
+                        to_cache.append(r)  # registers hashes: once its blocks are taken
+                    else:
+                        r._num_cached_blocks = num_full
+            left = r.max_output_tokens - output
+            if left <= 0:
+                finished.append(r)
+            else:
+                kv_tokens += computed
+                if left < max_steps or max_steps < 0:
+                    max_steps = left
+        if needs:
+            self._take_decode_blocks(needs, num_steps)
+        for r in to_cache:
             self._cache_full_blocks(r, r.num_computed_tokens)
-        request_ids = tuple(r.request_id for r in running)
-        finished = [r for r in running if r.num_output_tokens >= r.max_output_tokens]
+        request_ids = tuple(self._running_ids)
         if finished:
             self._finish(finished)
+        self._sums_cache = self._checked_sums(max_steps, kv_tokens)
         return DecodeStepsOutcome(
             num_steps=num_steps,
             request_ids=request_ids,
             kv_tokens_first_step=kv_first,
-            finished_ids=tuple(r.request_id for r in finished),
+            finished_ids=tuple([r.request_id for r in finished]),
         )
+
+    def _take_decode_blocks(self, needs: list[tuple[int, int]], num_steps: int) -> None:
+        """Give the running requests of a decode run their new blocks, in stepping order.
+
+        ``needs`` holds ``(offset, running index)`` of each request that needs a block
+        in steps ``offset + 1``, ``offset + 1 + bs``, ... Sorted, it is the order of one
+        full round of ``bs`` steps: every full round serves all of them, and the last,
+        partial round those with ``offset < rest``, a prefix. Taken in that order, the
+        blocks of the request at position ``q`` of the ``F``-long round are
+        ``taken[q], taken[q + F], ...``: one slice per request.
+        """
+        needs.sort()
+        running = self._running
+        order = [running[index] for _, index in needs]
+        num_full, rest = divmod(num_steps, self._block_size)
+        num_last = bisect_left(needs, (rest, -1))
+        size = len(order)
+        end = size * num_full
+        taken = self.pool.take(end + num_last)
+        if num_full:
+            for q, r in enumerate(order):
+                r.block_ids += taken[q:end:size]
+        for q in range(num_last):
+            order[q].block_ids.append(taken[end + q])
 
     # ----------------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
         """Raise ``RuntimeError`` if the scheduler's state is inconsistent (between steps).
 
-        Checks the pool's own invariants, then: the running set is within
-        ``max_num_seqs`` and holds RUNNING requests each once; each running request holds
+        Checks the pool's own invariants, then: ``_running_ids`` are the running set's
+        ids in order; the running set is within ``max_num_seqs`` and holds RUNNING
+        requests each once; each running request holds
         exactly ``cdiv(num_computed_tokens, block_size)`` blocks, has computed at most its
         known tokens and has tokens left to generate; waiting requests hold no blocks and
         have computed nothing; live requests are exactly running plus waiting; every
         block's ref count equals the number of requests holding it; a request's cached
-        blocks carry its block hashes.
+        blocks carry its block hashes; the cached decode-run state and decoding sums
+        (``_run_cache``, ``_sums_cache``) equal what the current state gives.
         """
         self.pool.check_invariants()
+        cached_run, cached_sums = self._run_cache, self._sums_cache
+        self._run_cache = self._sums_cache = None
+        fresh_sums = self._decoding_sums()
+        fresh_run = self._decode_run_state()
+        self._run_cache, self._sums_cache = cached_run, cached_sums
+        if cached_sums is not None and cached_sums != fresh_sums:
+            raise RuntimeError(f"cached decoding sums {cached_sums} are stale: now {fresh_sums}")
+        if cached_run is not None and cached_run != fresh_run:
+            raise RuntimeError(f"cached decode-run state {cached_run} is stale: now {fresh_run}")
         cfg = self.config
+        if self._running_ids != [r.request_id for r in self._running]:
+            raise RuntimeError("the running ids are not those of the running set")
         if len(self._running) > cfg.max_num_seqs:
             raise RuntimeError(f"{len(self._running)} running > max_num_seqs {cfg.max_num_seqs}")
         waiting = list(self._waiting.ordered())

@@ -122,6 +122,22 @@ class Router:
         if self.affinity_slack < 0:
             raise ValueError(f"affinity_slack must be >= 0 (got {self.affinity_slack})")
 
+    def route_all_eligible(self, outstanding_requests: Sequence[int]) -> int:
+        """``least_outstanding_requests`` when every replica is eligible, from the counts.
+
+        The same choice as :meth:`route` (fewest outstanding, lowest index on ties), for
+        drivers that keep a list of counts and know that no replica is unready or pinned
+        to another revision: one C-level ``min`` instead of a scan of load objects.
+
+        Raises:
+            ValueError: for any other router kind.
+        """
+        if self.kind != "least_outstanding_requests":
+            raise ValueError(
+                f"route_all_eligible is for least_outstanding_requests, not {self.kind}"
+            )
+        return outstanding_requests.index(min(outstanding_requests))
+
     def route(self, now: float, request: RouteRequest, loads: Sequence[LoadView]) -> int | None:
         """The index of the chosen replica, or None when none is eligible."""
         del now  # routing is state-based; `now` is part of the policy contract

@@ -20,7 +20,12 @@ from headway.trace import commands as trace_commands
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every verb."""
-    parser = argparse.ArgumentParser(prog="headway", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="headway",
+        description="LLM serving capacity as a queue: plan, simulate, and read traces.",
+        epilog="Exit codes: 0 success; 1 a check failed; 2 a usage or configuration error "
+        "(one line naming the key path, the value and the fix). Docs: docs/ in the repository.",
+    )
     parser.add_argument("--version", action="version", version=f"headway {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
     plan_commands.register(subparsers)

@@ -7,6 +7,7 @@ gpu: h100
 tensor_parallel: 1
 engine: {max_num_seqs: 256, max_num_batched_tokens: 8192}
 router: least_outstanding_requests
+gateway: {preset: headway-default}   # default fifo-unbounded: no gateway
 ```
 
 :func:`build_replica` turns the spec into a :class:`ReplicaModel` with a roofline step-time
@@ -28,6 +29,7 @@ from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
 from headway.core.errors import ConfigError
 from headway.core.policy.routing import RouterKind
+from headway.sim.gateway import GatewayConfig
 
 
 class Disaggregation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -79,6 +81,10 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     disaggregation: Disaggregation | None = None
     """Separate prefill and decode pools (not yet simulated; rejected for now)."""
+
+    gateway: GatewayConfig = GatewayConfig()
+    """What stands between the task calls and the router: ``fifo-unbounded`` (nothing;
+    engines queue everything) or ``headway-default`` (admission, queues, shedding)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

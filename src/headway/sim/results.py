@@ -24,7 +24,7 @@ from headway.core.metrics import (
 )
 from headway.core.workload.compile import CompiledWorkload
 from headway.core.workload.spec import PRIORITIES
-from headway.sim.simulator import SimOutcome
+from headway.sim.simulator import OUTCOMES, SHED_REASONS, SimOutcome
 
 SCHEMA = "headway.simulate/1"
 LENGTH_BUCKETS = (0, 512, 2048, 8192, 32768)
@@ -109,6 +109,49 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     cancelled_calls: int
 
 
+class Accounting(msgspec.Struct, frozen=True, kw_only=True):
+    """Where every offered call ended: exactly one terminal state each, so the terminal
+    counts sum to ``offered_calls`` (``balanced``)."""
+
+    gateway: str
+    """The gateway preset in front of the router."""
+
+    calls: int
+    """Calls of the compiled workload: offered plus not offered."""
+
+    offered_calls: int
+    """Calls that reached the gateway (or, without one, the router)."""
+
+    not_offered_calls: int
+    """Calls of tasks that had already failed (a call shed or timed out) before them."""
+
+    completed: int
+    shed: int
+    cancelled: int
+    timed_out: int
+    """Queued at the gateway until their deadline passed; never sent to a replica."""
+    failed: int
+    """Still unfinished when the run ended (no replica could ever serve them)."""
+
+    balanced: bool
+    """``completed + shed + cancelled + timed_out + failed == offered_calls``."""
+
+    shed_by_reason: dict[str, int]
+    """Shed calls per :class:`~headway.core.policy.decisions.ShedReason` value (only the
+    reasons that occurred; a call retried after a shed counts only if its last attempt
+    was shed)."""
+
+    attempts: int
+    """Attempts offered in all: first attempts plus the clients' retries of shed calls."""
+
+    amplification: float
+    """``attempts / offered_calls`` (1 without retries)."""
+
+    cancelled_by_patience: int
+    """Of ``cancelled``: calls whose client gave up without a first token within its
+    ``clients.patience_s`` (the rest are losing ``first`` branches)."""
+
+
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     """The summary of one simulation."""
 
@@ -130,6 +173,36 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     timeline: Timeline
     little: Little
     engine: EngineStats
+    accounting: Accounting
+
+
+def _accounting(out: SimOutcome) -> Accounting:
+    """Count the calls' terminal states (see :class:`Accounting`)."""
+    counts = np.bincount(out.calls.outcome.astype(np.int64), minlength=len(OUTCOMES))
+    by_name = {name: int(counts[i]) for i, name in enumerate(OUTCOMES)}
+    terminal = ("completed", "shed", "cancelled", "timed_out", "failed")
+    offered = int(out.calls.outcome.size) - by_name["not_offered"]
+    attempts = int(out.calls.attempts.sum())
+    reasons = out.calls.shed_reason
+    shed_counts = np.bincount(reasons[reasons >= 0].astype(np.int64), minlength=len(SHED_REASONS))
+    return Accounting(
+        gateway=out.gateway_preset,
+        calls=int(out.calls.outcome.size),
+        offered_calls=offered,
+        not_offered_calls=by_name["not_offered"],
+        completed=by_name["completed"],
+        shed=by_name["shed"],
+        cancelled=by_name["cancelled"],
+        timed_out=by_name["timed_out"],
+        failed=by_name["failed"],
+        balanced=sum(by_name[t] for t in terminal) == offered and by_name["in_flight"] == 0,
+        shed_by_reason={
+            reason: int(shed_counts[i]) for i, reason in enumerate(SHED_REASONS) if shed_counts[i]
+        },
+        attempts=attempts,
+        amplification=attempts / offered if offered else 1.0,
+        cancelled_by_patience=out.cancelled_by_patience,
+    )
 
 
 def _bounds(w: CompiledWorkload) -> tuple[npt.NDArray[np.float64], ...]:
@@ -162,13 +235,19 @@ def _latencies(
 
 
 def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> SimResult:
-    """The summary of a finished simulation."""
+    """The summary of a finished simulation.
+
+    Latencies run from the call's arrival at the gateway (without one, its dispatch), so
+    a wait in the gateway's queue counts in TTFT and e2e. SLO attainment divides by every
+    call of the workload: shed, timed-out, cancelled and never-offered calls stay in the
+    denominator and never meet the SLO.
+    """
     c = out.calls
-    ttft = c.first_token_s - c.dispatch_s
-    completed = np.isfinite(c.finish_s) & ~c.cancelled
-    e2e = np.where(completed, c.finish_s - c.dispatch_s, np.nan)
+    ttft = c.first_token_s - c.arrival_s
+    completed = c.outcome == OUTCOMES.index("completed")
+    e2e = np.where(completed, c.finish_s - c.arrival_s, np.nan)
     tpot = tpot_s(e2e, ttft, c.num_output_tokens)
-    queue = c.admitted_s - c.dispatch_s
+    queue = c.admitted_s - c.arrival_s
     b_ttft, b_tpot, b_e2e = _bounds(w)
     met = meets_slo(ttft, tpot, e2e, ttft_bound_s=b_ttft, tpot_bound_s=b_tpot, e2e_bound_s=b_e2e)
     n = w.num_calls
@@ -276,6 +355,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             preemptions=int(c.num_preemptions.sum()),
             cancelled_calls=int(c.cancelled.sum()),
         ),
+        accounting=_accounting(out),
     )
 
 
@@ -303,6 +383,13 @@ def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:
         preemptions=c.num_preemptions,
         replica=c.replica,
         cancelled=c.cancelled,
+        arrival_s=c.arrival_s,
+        outcome=c.outcome,
+        shed_reason=c.shed_reason,
+        retry_after_s=c.retry_after_s,
+        attempts=c.attempts,
+        outcome_names=np.array(OUTCOMES),
+        shed_reason_names=np.array(SHED_REASONS),
         class_names=np.array(w.class_names),
         tenant_names=np.array(w.tenant_names),
     )

@@ -10,6 +10,7 @@ from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.data import load_efficiency_table
 from headway.sim.cluster import ClusterSpec, build_replica, step_time_model
+from headway.sim.gateway import SimGateway
 from headway.sim.results import SimResult, build_result
 from headway.sim.simulator import SimOptions, SimOutcome, Simulator
 
@@ -17,10 +18,19 @@ from headway.sim.simulator import SimOptions, SimOutcome, Simulator
 def simulate_compiled(
     workload: CompiledWorkload, cluster: ClusterSpec, options: SimOptions | None = None
 ) -> tuple[SimResult, SimOutcome]:
-    """Simulate an already compiled workload on ``cluster``."""
+    """Simulate an already compiled workload on ``cluster`` (behind its ``gateway``)."""
     step_time = step_time_model(cluster, load_efficiency_table())
     replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
-    outcome = Simulator(workload, replicas, Router(kind=cluster.router), options).run()
+    gateway = None
+    if cluster.gateway.preset == "headway-default":
+        gateway = SimGateway(
+            cluster.gateway,
+            num_replicas=cluster.replicas,
+            max_num_seqs=cluster.engine.max_num_seqs,
+            block_size=cluster.engine.block_size,
+        )
+    router = Router(kind=cluster.router)
+    outcome = Simulator(workload, replicas, router, options, gateway).run()
     return build_result(workload, outcome, cluster.replicas), outcome
 
 

@@ -7,6 +7,16 @@ step's calls finish (or the first, for ``branch_join: first``, which cancels the
 the task waits its tool time and sends the next step. Everything is deterministic for a
 given compiled workload: the event order is ``(time, priority, seq)`` (:mod:`.kernel`).
 
+**The gateway and the clients.** With a :class:`~headway.sim.gateway.SimGateway`
+(``headway-default``), each call is *offered* to it before the router: admitted calls are
+routed at once, queued ones when a dispatch slot frees, shed ones end (or their client
+retries them through the core ``RetryPolicy``), and queued ones still waiting at their
+deadline time out. Without one (``fifo-unbounded``) every call is routed at once, exactly
+as before the gateway existed. In both, a client with ``patience_s`` cancels a call that
+has no first token in time. Every offered call ends in exactly one of the terminal
+:data:`OUTCOMES`; gateway timers, retries and patience are events at ``DISPATCH``
+priority.
+
 **Skipping decode steps.** After a step, if the replica's next steps are identical
 decode-only steps (``ReplicaModel.max_identical_decode_steps``), the driver schedules
 one event at the end of the whole run instead of one per step, without applying it yet.
@@ -29,8 +39,20 @@ import numpy.typing as npt
 from headway.core.engine.kv import chain_block_hashes
 from headway.core.engine.replica import DecodeRun, ReplicaModel, StepResult
 from headway.core.engine.scheduler import EngineRequest
+from headway.core.policy.admission import AdmissionRequest
+from headway.core.policy.decisions import Admit, Enqueue, ShedReason
+from headway.core.policy.queues import BANDS
+from headway.core.policy.retries import (
+    AttemptOutcome,
+    FailureKind,
+    RetryAfter,
+    RetryConfig,
+    RetryPolicy,
+)
 from headway.core.policy.routing import Router, RouteRequest
 from headway.core.workload.compile import CompiledWorkload
+from headway.core.workload.distributions import sample
+from headway.sim.gateway import SimGateway
 from headway.sim.kernel import BOUNDARY, DISPATCH, SAMPLE, EventQueue
 
 FloatArray = npt.NDArray[np.float64]
@@ -41,6 +63,26 @@ _TASK_ARRIVAL = 0  # a: task
 _STEP_DISPATCH = 1  # a: task, b: step
 _BOUNDARY = 2  # a: replica, b: version
 _SAMPLE = 3
+_GATEWAY_EXPIRY = 4  # a queued call's deadline: the gateway expires what is past it
+_RETRY = 5  # a: call; its client offers it again after a shed
+_PATIENCE = 6  # a: call; its client's patience runs out (cancel if no token yet)
+
+# Random streams (with the workload's seed) of the clients' draws.
+_PATIENCE_STREAM, _RETRY_STREAM = 101, 102
+
+# Call outcomes (CallRecords.outcome): the index into OUTCOMES.
+OUTCOMES = ("not_offered", "in_flight", "completed", "shed", "cancelled", "timed_out", "failed")
+"""Every offered call ends in exactly one of the last five. ``not_offered``: a call of a
+task that had already failed before reaching it (never offered). ``in_flight`` never
+survives a run: a call still live at the end (it could never be served) is ``failed``."""
+_NOT_OFFERED, _IN_FLIGHT, _COMPLETED, _SHED, _CANCELLED, _TIMED_OUT, _FAILED = range(7)
+
+SHED_REASONS = tuple(r.value for r in ShedReason)
+"""The shed reasons, in the order of the codes in ``CallRecords.shed_reason``."""
+_SHED_CODE = {r: i for i, r in enumerate(ShedReason)}
+
+_SPEED_EWMA_WEIGHT = 0.1
+"""Weight of the newest completed call in the gateway's measured prefill speed and TPOT."""
 
 # Replica driver states.
 _IDLE, _STEP, _RUN = 0, 1, 2
@@ -79,6 +121,16 @@ class CallRecords:
     num_preemptions: IntArray
     replica: IntArray
     cancelled: npt.NDArray[np.bool_]
+    arrival_s: FloatArray
+    """When the call was offered (to the gateway; without one, its dispatch time)."""
+    outcome: npt.NDArray[np.int8]
+    """Index into :data:`OUTCOMES`: the call's terminal state."""
+    shed_reason: npt.NDArray[np.int8]
+    """Index into :data:`SHED_REASONS` for shed calls, -1 for the others."""
+    retry_after_s: FloatArray
+    """The ``retry_after_s`` of the call's last shed (NaN: none, or never shed)."""
+    attempts: IntArray
+    """Times the call was offered: its first attempt plus its clients' retries."""
 
     @classmethod
     def empty(cls, n: int) -> CallRecords:
@@ -94,6 +146,11 @@ class CallRecords:
             num_preemptions=np.zeros(n, dtype=np.int64),
             replica=np.full(n, -1, dtype=np.int64),
             cancelled=np.zeros(n, dtype=np.bool_),
+            arrival_s=nan.copy(),
+            outcome=np.zeros(n, dtype=np.int8),
+            shed_reason=np.full(n, -1, dtype=np.int8),
+            retry_after_s=nan.copy(),
+            attempts=np.zeros(n, dtype=np.int64),
         )
 
 
@@ -114,6 +171,9 @@ class SimOutcome:
     num_events: int
     end_s: float
     replica_num_blocks: int
+    gateway_preset: str = "fifo-unbounded"
+    cancelled_by_patience: int = 0
+    """Calls their clients cancelled for want of a first token within ``patience_s``."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -176,7 +236,10 @@ class Simulator:
         replicas: list[ReplicaModel],
         router: Router,
         options: SimOptions | None = None,
+        gateway: SimGateway | None = None,
     ) -> None:
+        """``gateway``: the ``headway-default`` gateway in front of the router; None sends
+        every call to the router at once (``fifo-unbounded``)."""
         if not replicas:
             raise ValueError("a simulation needs at least one replica")
         self.w = workload
@@ -198,6 +261,20 @@ class Simulator:
         self._num_preemptions = [0] * n
         self._replica = [-1] * n
         self._cancelled = [False] * n
+        self._arrival_s = [nan] * n
+        self._outcome = [_NOT_OFFERED] * n
+        self._shed_reason = [-1] * n
+        self._retry_after_s = [nan] * n
+        self._attempts = [0] * n
+        self._queued: set[int] = set()
+        """Calls waiting in the gateway's queues (not those backing off to retry)."""
+        self._num_impatient = 0
+        self._patience_s: list[float] | None = None
+        """Per call: how long its client waits for a first token (None: forever)."""
+        patience = workload.spec.clients.patience_s
+        if patience is not None:
+            rng = np.random.default_rng([workload.seed, _PATIENCE_STREAM])
+            self._patience_s = sample(patience, n, rng).tolist()
         self.task_finish_s = np.full(workload.num_tasks, np.nan)
         # Per task: index of the current step, calls of it still running.
         self._task_step = [0] * workload.num_tasks
@@ -232,6 +309,9 @@ class Simulator:
         simulator never marks a replica unready nor pins a revision, so every replica is
         always eligible (with ``check_invariants`` the full ``route`` decides and the two
         are checked against each other)."""
+        self.gateway = gateway
+        if gateway is not None:
+            self._init_gateway(workload)
 
     # ------------------------------------------------------------------ main loop
 
@@ -272,6 +352,13 @@ class Simulator:
                 self._dispatch_step(a, b, now)
             elif kind == _SAMPLE:
                 self._sample(now)
+            elif kind == _GATEWAY_EXPIRY:
+                self._pump(now)
+            elif kind == _RETRY:
+                if self._outcome[a] == _IN_FLIGHT:  # not cancelled while it backed off
+                    self._offer(a, now)
+            elif kind == _PATIENCE:
+                self._patience_over(a, now)
         self._flush_itl()
         self._settle_output_tokens()
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
@@ -289,6 +376,8 @@ class Simulator:
             num_events=num_events,
             end_s=now,
             replica_num_blocks=self.drivers[0].model.scheduler.pool.num_blocks,
+            gateway_preset="fifo-unbounded" if self.gateway is None else "headway-default",
+            cancelled_by_patience=self._num_impatient,
         )
 
     def _call_records(self) -> CallRecords:
@@ -303,6 +392,13 @@ class Simulator:
             num_preemptions=np.array(self._num_preemptions, dtype=np.int64),
             replica=np.array(self._replica, dtype=np.int64),
             cancelled=np.array(self._cancelled, dtype=np.bool_),
+            arrival_s=np.array(self._arrival_s, dtype=np.float64),
+            outcome=np.array(
+                [_FAILED if o == _IN_FLIGHT else o for o in self._outcome], dtype=np.int8
+            ),
+            shed_reason=np.array(self._shed_reason, dtype=np.int8),
+            retry_after_s=np.array(self._retry_after_s, dtype=np.float64),
+            attempts=np.array(self._attempts, dtype=np.int64),
         )
 
     # ------------------------------------------------------------------ tasks and calls
@@ -313,10 +409,24 @@ class Simulator:
         first = self._call_first[task] + step * branches
         self._task_step[task] = step
         self._task_left[task] = branches
-        for j in range(first, first + branches):
-            self._dispatch_call(j, now)
+        if self.gateway is None:
+            for j in range(first, first + branches):
+                self._dispatch_call(j, now)
+        else:
+            for j in range(first, first + branches):
+                self._offer(j, now)
 
     def _dispatch_call(self, j: int, now: float) -> None:
+        """Without a gateway: the call is offered and dispatched at once."""
+        self._arrival_s[j] = now
+        self._outcome[j] = _IN_FLIGHT
+        self._attempts[j] = 1
+        if self._patience_s is not None:
+            self.events.push(now + self._patience_s[j], DISPATCH, _PATIENCE, j)
+        self._send(j, self._route(j, now), now)
+
+    def _route(self, j: int, now: float) -> int:
+        """The replica the router picks for call ``j`` at ``now``."""
         prompt, output = self._call_in[j], self._call_out[j]
         if self._least_outstanding and not self._paranoid:
             choice = self.router.route_all_eligible(self._outstanding)
@@ -337,6 +447,11 @@ class Simulator:
             ):
                 raise RuntimeError(f"call {j}: the router picked {picked}, the shortcut not")
             choice = picked
+        return choice
+
+    def _send(self, j: int, choice: int, now: float) -> None:
+        """Add call ``j`` to replica ``choice`` at ``now``."""
+        prompt, output = self._call_in[j], self._call_out[j]
         driver = self.drivers[choice]
         self._materialize(driver, now)
         req = EngineRequest(
@@ -364,10 +479,15 @@ class Simulator:
 
     def _call_finished(self, j: int, now: float, driver: _Driver) -> None:
         self._finish_s[j] = now
+        self._outcome[j] = _COMPLETED
         self._num_output_tokens[j] = self._call_out[j]  # a finished call emitted all
         driver.outstanding_requests -= 1
         self._outstanding[driver.index] -= 1
         driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+        if self.gateway is not None:
+            self._measure_speeds(j, now)
+            self._left_replicas(j)
+            self._pump(now)
         task = self._call_task[j]
         if self._task_left[task] <= 0:  # a losing branch finishing after the winner
             return
@@ -389,19 +509,217 @@ class Simulator:
         branches = self._calls_per_step[self._task_class[task]]
         first = self._call_first[task] + self._task_step[task] * branches
         for j in range(first, first + branches):
-            if j == winner or not math.isnan(self._finish_s[j]):
+            if j == winner or self._outcome[j] != _IN_FLIGHT:
                 continue
-            replica = self._replica[j]
-            driver = self.drivers[replica]
-            self._materialize(driver, now)
-            req = driver.model.scheduler.get_request(j)
-            if req is not None and driver.model.abort(j):
-                self._num_output_tokens[j] = req.num_output_tokens
-                self._cancelled[j] = True
-                self._finish_s[j] = now
-                driver.outstanding_requests -= 1
-                self._outstanding[replica] -= 1
-                driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+            self._cancel_call(j, now)
+        if self.gateway is not None:
+            self._pump(now)
+
+    def _cancel_call(self, j: int, now: float) -> bool:
+        """Cancel live call ``j`` wherever it is: in a replica (aborted, its KV blocks
+        freed at once), queued at the gateway (it leaves when it reaches the head), or
+        waiting to retry. False when its replica had already finished it."""
+        replica = self._replica[j]
+        if replica < 0:
+            self._outcome[j] = _CANCELLED
+            self._cancelled[j] = True
+            self._finish_s[j] = now
+            if j in self._queued:
+                self._queued.discard(j)
+                self._gateway_ended(j)
+            return True
+        driver = self.drivers[replica]
+        self._materialize(driver, now)
+        req = driver.model.scheduler.get_request(j)
+        if req is None or not driver.model.abort(j):
+            return False
+        self._num_output_tokens[j] = req.num_output_tokens
+        self._cancelled[j] = True
+        self._outcome[j] = _CANCELLED
+        self._finish_s[j] = now
+        driver.outstanding_requests -= 1
+        self._outstanding[replica] -= 1
+        driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+        if self.gateway is not None:
+            self._left_replicas(j)
+        return True
+
+    def _patience_over(self, j: int, now: float) -> None:
+        """Call ``j``'s client stops waiting: no token by ``now``, so it cancels."""
+        if self._outcome[j] != _IN_FLIGHT or self._first_token_s[j] <= now:
+            return
+        if not self._cancel_call(j, now):
+            return
+        self._num_impatient += 1
+        if self.gateway is not None:
+            self._pump(now)
+        self._call_unserved(j, now)
+
+    # ------------------------------------------------------------------ the gateway
+
+    def _init_gateway(self, workload: CompiledWorkload) -> None:
+        """Per-call inputs of admission: tenant, band, deadline budgets, p95 output."""
+        spec = workload.spec
+        slos = [spec.classes[c].slo for c in workload.class_names]
+        self._call_tenant = [
+            workload.tenant_names[t] for t in workload.task_tenant[workload.call_task].tolist()
+        ]
+        self._task_arrival = workload.task_arrival_s.tolist()
+        self._class_e2e_s = [s.e2e_s for s in slos]
+        self._class_task_deadline_s = [s.task_deadline_s for s in slos]
+        call_class = workload.task_class[workload.call_task]
+        outputs = workload.call_output_tokens
+        self._class_p95_output = [
+            int(np.percentile(outputs[call_class == k], 95)) if (call_class == k).any() else 0
+            for k in range(len(workload.class_names))
+        ]
+        self._class_max_tokens = [spec.classes[c].max_tokens for c in workload.class_names]
+        self._prefill_tokens_per_s: float | None = None
+        self._tpot_s: float | None = None
+        retries = spec.clients.retries
+        self._retry_policy = RetryPolicy(
+            RetryConfig(
+                max_attempts=retries.max_attempts,
+                backoff_base_s=retries.backoff_base_s,
+                backoff_max_s=max(retries.backoff_max_s, retries.backoff_base_s),
+                jitter=retries.jitter,
+                honour_retry_after=retries.honour_retry_after,
+            )
+        )
+        """The clients' retries of shed calls (the workload's ``clients.retries``, with the
+        policy's default budget)."""
+        self._retry_rng = np.random.default_rng([workload.seed, _RETRY_STREAM])
+
+    def _deadline(self, j: int, now: float) -> tuple[float | None, bool]:
+        """The call's absolute deadline and whether a retry renews it: the earlier of its
+        task's deadline (fixed) and ``now`` + its class's e2e bound (per call)."""
+        task = self._call_task[j]
+        k = self._task_class[task]
+        task_s = self._class_task_deadline_s[k]
+        e2e_s = self._class_e2e_s[k]
+        fixed = None if task_s is None else self._task_arrival[task] + task_s
+        per_call = None if e2e_s is None else now + e2e_s
+        if fixed is None:
+            return per_call, True
+        if per_call is None or fixed <= per_call:
+            return fixed, False
+        return per_call, True
+
+    def _offer(self, j: int, now: float) -> None:
+        """Offer call ``j`` to the gateway: dispatch, queue or shed it."""
+        gateway = self.gateway
+        assert gateway is not None
+        self._attempts[j] += 1
+        if self._attempts[j] == 1:
+            self._arrival_s[j] = now
+            self._outcome[j] = _IN_FLIGHT
+            self._retry_policy.record_request(now)
+            if self._patience_s is not None:
+                self.events.push(now + self._patience_s[j], DISPATCH, _PATIENCE, j)
+        choice = self._route(j, now)
+        driver = self.drivers[choice]
+        self._materialize(driver, now)
+        deadline_s, renews = self._deadline(j, now)
+        k = self._task_class[self._call_task[j]]
+        request = AdmissionRequest(
+            tenant=self._call_tenant[j],
+            prompt_tokens=self._call_in[j],
+            p95_output_tokens=self._class_p95_output[k],
+            max_tokens=self._class_max_tokens[k],
+            expected_output_tokens=self._call_out[j],
+            priority=BANDS[self._call_prio[j]],
+            deadline_s=deadline_s,
+            deadline_renews_on_retry=renews,
+        )
+        load = gateway.snapshot(
+            now,
+            free_kv_blocks=driver.free_kv_blocks,
+            total_kv_blocks=driver.model.scheduler.pool.num_blocks,
+            prefill_tokens_per_s=self._prefill_tokens_per_s,
+            tpot_s=self._tpot_s,
+        )
+        decision = gateway.offer(now, j, request, load)
+        if isinstance(decision, Admit):
+            gateway.dispatched(request.priority)
+            self._send(j, choice, now)
+        elif isinstance(decision, Enqueue):
+            self._queued.add(j)
+            if deadline_s is not None:
+                self.events.push(deadline_s, DISPATCH, _GATEWAY_EXPIRY)
+            self._pump(now)
+        else:
+            retry_after_s = decision.retry_after_s
+            self._retry_after_s[j] = math.nan if retry_after_s is None else retry_after_s
+            attempt = AttemptOutcome(
+                kind=FailureKind.REFUSED, deadline_s=None if renews else deadline_s
+            )
+            retry = self._retry_policy.next_attempt(
+                now, self._attempts[j], attempt, retry_after_s, self._retry_rng
+            )
+            if isinstance(retry, RetryAfter):
+                self.events.push(now + retry.delay_s, DISPATCH, _RETRY, j)
+                return
+            self._outcome[j] = _SHED
+            self._shed_reason[j] = _SHED_CODE[decision.reason]
+            self._call_unserved(j, now)
+
+    def _pump(self, now: float) -> None:
+        """Dispatch queued calls into free slots, then end the calls that expired."""
+        gateway = self.gateway
+        assert gateway is not None
+        while (got := gateway.pop(now)) is not None:
+            j = got.item
+            if self._outcome[j] != _IN_FLIGHT:  # cancelled while it waited
+                gateway.release(got.band)
+                continue
+            self._queued.discard(j)
+            self._send(j, self._route(j, now), now)
+        for gone in gateway.expire(now):
+            j = gone.item
+            if self._outcome[j] != _IN_FLIGHT:
+                continue
+            self._queued.discard(j)
+            self._outcome[j] = _TIMED_OUT
+            self._gateway_ended(j)
+            self._call_unserved(j, now)
+
+    def _left_replicas(self, j: int) -> None:
+        """A dispatched call finished or was cancelled: free its gateway slot."""
+        assert self.gateway is not None
+        self.gateway.release(BANDS[self._call_prio[j]])
+        self._gateway_ended(j)
+
+    def _gateway_ended(self, j: int) -> None:
+        assert self.gateway is not None
+        self.gateway.ended(self._call_tenant[j])
+
+    def _measure_speeds(self, j: int, now: float) -> None:
+        """Fold a completed call into the measured prefill speed and TPOT (EWMAs) that
+        admission uses to predict service times."""
+        weight = _SPEED_EWMA_WEIGHT
+        first_s, admitted_s = self._first_token_s[j], self._admitted_s[j]
+        if first_s > admitted_s:
+            speed = self._call_in[j] / (first_s - admitted_s)
+            old = self._prefill_tokens_per_s
+            self._prefill_tokens_per_s = speed if old is None else old + weight * (speed - old)
+        out = self._call_out[j]
+        if out > 1 and now >= first_s:
+            tpot = (now - first_s) / (out - 1)
+            prev = self._tpot_s
+            self._tpot_s = tpot if prev is None else prev + weight * (tpot - prev)
+
+    def _call_unserved(self, j: int, now: float) -> None:
+        """Call ``j`` ended without being served (shed or timed out): its step cannot
+        complete (``all``) or has one branch fewer (``first``); a task whose step cannot
+        complete ends there, unfinished, and its later calls are never offered."""
+        del now
+        task = self._call_task[j]
+        if self._task_left[task] <= 0:
+            return
+        if self._join_first[self._task_class[task]]:
+            self._task_left[task] -= 1
+        else:
+            self._task_left[task] = 0
 
     # ------------------------------------------------------------------ replicas
 

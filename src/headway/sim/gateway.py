@@ -1,0 +1,175 @@
+"""The simulated gateway: the core overload policies between task calls and the router.
+
+Every call a task sends is *offered* here first. What happens next depends on the preset:
+
+* ``fifo-unbounded`` (the default): nothing: every call goes to the router at once and
+  the engines queue internally. This is the simulator without a gateway, kept exactly
+  (the simulator does not even build a :class:`SimGateway` for it).
+* ``headway-default``: :meth:`AdmissionPolicy.decide
+  <headway.core.policy.admission.AdmissionPolicy.decide>` on arrival, with a
+  :class:`~headway.core.policy.admission.LoadSnapshot` the simulator builds from its
+  replicas. ``Admit`` dispatches now; ``Enqueue`` waits in
+  :class:`~headway.core.policy.queues.PriorityQueues` until a dispatch slot frees (or its
+  deadline passes: ``timed_out``); ``Shed`` ends the call as ``shed`` with the reason and
+  ``retry_after_s``.
+
+The policy objects are the same ones the live gateway calls; this module only feeds them
+virtual time and the simulator's state, and never decides anything itself. Dispatch slots
+bound what the gateway lets through at once: ``replicas × slots_per_replica``, by default
+the engine's ``max_num_seqs`` per replica (a request beyond that would only wait inside
+the engine, where no deadline or priority can reach it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from headway.core.policy.admission import (
+    AdmissionConfig,
+    AdmissionPolicy,
+    AdmissionRequest,
+    LoadSnapshot,
+    TenantLoad,
+)
+from headway.core.policy.decisions import Decision, Enqueue, Shed
+from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
+
+__all__ = ["GatewayConfig", "GatewayPreset", "SimGateway"]
+
+GatewayPreset = Literal["fifo-unbounded", "headway-default"]
+"""``fifo-unbounded``: no gateway (engines queue everything); ``headway-default``: the
+core admission policy and priority queues with their default settings."""
+
+
+class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``gateway:`` section of a cluster file."""
+
+    preset: GatewayPreset = "fifo-unbounded"
+    """Which gateway stands in front of the router."""
+
+    admission: AdmissionConfig | None = None
+    """Override the admission settings of ``headway-default`` (None: the defaults, with
+    the engine's ``block_size``)."""
+
+    queues: QueueConfig | None = None
+    """Override the queue settings of ``headway-default`` (None: the defaults)."""
+
+    slots_per_replica: int | None = None
+    """Calls the gateway keeps dispatched per replica at once (None: the engine's
+    ``max_num_seqs``, what a replica can run together)."""
+
+    def __post_init__(self) -> None:
+        if self.slots_per_replica is not None and self.slots_per_replica < 1:
+            raise ValueError(
+                f"`slots_per_replica` must be >= 1 (got {self.slots_per_replica}); "
+                "omit it to use the engine's max_num_seqs"
+            )
+
+
+class SimGateway:
+    """The ``headway-default`` gateway on virtual time: admission, queues, slots.
+
+    The simulator offers each call with :meth:`offer`, tells it when a dispatched call
+    leaves the replicas with :meth:`release`, and asks :meth:`pop` for queued calls
+    whenever a slot may have freed and :meth:`expire` at queued deadlines. Items are the
+    simulator's call indices.
+    """
+
+    def __init__(
+        self, config: GatewayConfig, *, num_replicas: int, max_num_seqs: int, block_size: int
+    ) -> None:
+        if config.preset != "headway-default":
+            raise ValueError(
+                f"SimGateway implements the 'headway-default' preset, not {config.preset!r}; "
+                "'fifo-unbounded' needs no gateway object"
+            )
+        admission = config.admission or AdmissionConfig(block_size=block_size)
+        self.config = config
+        self.admission = AdmissionPolicy(admission)
+        self.queues: PriorityQueues[int] = PriorityQueues(config.queues)
+        per_replica = config.slots_per_replica or max_num_seqs
+        self.total_slots = num_replicas * per_replica
+        """Calls the gateway lets be dispatched (and unfinished) at once."""
+        reserved = self.queues.config.critical_reserved_slots
+        if self.total_slots <= reserved:
+            raise ValueError(
+                f"gateway: {num_replicas} replicas × {per_replica} slots = {self.total_slots} "
+                f"slots must exceed queues.critical_reserved_slots ({reserved}); raise "
+                "slots_per_replica or lower the reserve"
+            )
+        self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
+        """Dispatched, unfinished calls per band (the leases the queues ask about)."""
+        self.in_flight: dict[str, int] = {}
+        """Per tenant: calls admitted or enqueued and not yet ended."""
+
+    def snapshot(
+        self,
+        now: float,
+        *,
+        free_kv_blocks: int,
+        total_kv_blocks: int,
+        prefill_tokens_per_s: float | None,
+        tpot_s: float | None,
+    ) -> LoadSnapshot:
+        """The load admission reads at ``now``: queue statistics and free slots from the
+        queues, the KV state of the replica the router picked, and measured speeds."""
+        by_band = self.queues.free_slots_by_band(total_slots=self.total_slots, running=self.running)
+        free_slots: dict[str, int] = dict(by_band.items())
+        return LoadSnapshot(
+            queues=self.queues.statistics(now),
+            free_slots=free_slots,
+            free_kv_blocks=free_kv_blocks,
+            total_kv_blocks=total_kv_blocks,
+            tenants={t: TenantLoad(in_flight_requests=n) for t, n in self.in_flight.items() if n},
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            tpot_s=tpot_s,
+        )
+
+    def offer(
+        self, now: float, call: int, request: AdmissionRequest, load: LoadSnapshot
+    ) -> Decision:
+        """Decide on one offered call. ``Admit``: the caller dispatches it now (and calls
+        :meth:`dispatched`); ``Enqueue``: it is queued here; ``Shed``: it ends now (a
+        queue bound refusing the push is a ``Shed`` too)."""
+        decision = self.admission.decide(now, request, load)
+        if isinstance(decision, Enqueue):
+            refused = self.queues.push(
+                now,
+                call,
+                band=decision.queue,
+                tenant=request.tenant,
+                cost_tokens=request.cost_tokens,
+                deadline_s=request.deadline_s,
+                max_retry_after_s=self.admission.config.max_retry_after_s,
+            )
+            if refused is not None:
+                return refused
+        if not isinstance(decision, Shed):
+            self.in_flight[request.tenant] = self.in_flight.get(request.tenant, 0) + 1
+        return decision
+
+    def dispatched(self, band: Band) -> None:
+        """A call of ``band`` took a dispatch slot."""
+        self.running[band] += 1
+
+    def release(self, band: Band) -> None:
+        """A dispatched call left the replicas (finished or cancelled): free its slot."""
+        self.running[band] -= 1
+
+    def ended(self, tenant: str) -> None:
+        """A call that was admitted or enqueued ended (served or not): no longer in
+        flight for its tenant."""
+        self.in_flight[tenant] -= 1
+
+    def pop(self, now: float) -> Queued[int] | None:
+        """The next queued call to dispatch now (its slot taken), or None."""
+        got = self.queues.try_pop(now, total_slots=self.total_slots, running=self.running)
+        if got is not None:
+            self.dispatched(got.band)
+        return got
+
+    def expire(self, now: float) -> list[Queued[int]]:
+        """Queued calls whose deadline has passed: they end ``timed_out``, never sent."""
+        return self.queues.expire(now)

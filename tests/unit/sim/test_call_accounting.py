@@ -1,0 +1,217 @@
+"""Every offered call ends in exactly one terminal state, under both gateway presets.
+
+A property test over small random workloads (branches, joins, priorities, tenants,
+per-call and per-task deadlines) on small clusters whose queues and slots are tight
+enough that calls are admitted, queued, shed, timed out and cancelled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from headway.core.engine.replica import ReplicaModel
+from headway.core.engine.scheduler import SchedulerConfig
+from headway.core.engine.steptime import AffineStepTime
+from headway.core.policy.admission import AdmissionConfig
+from headway.core.policy.queues import BandConfig, QueueConfig
+from headway.core.policy.routing import Router
+from headway.core.workload.compile import compile_workload
+from headway.files.workload import parse_workload
+from headway.sim.gateway import GatewayConfig, SimGateway
+from headway.sim.results import build_result
+from headway.sim.simulator import OUTCOMES, SimOptions, Simulator
+
+_STEP = AffineStepTime(
+    overhead_s=0.003,
+    per_prefill_token_s=4e-5,
+    per_prefill_pair_s=1e-9,
+    per_decode_seq_s=5e-5,
+    per_decode_kv_token_s=3e-8,
+)
+_CODE = {name: i for i, name in enumerate(OUTCOMES)}
+
+
+@st.composite
+def _classes(draw: st.DrawFn) -> dict[str, Any]:
+    classes: dict[str, Any] = {}
+    for k in range(draw(st.integers(1, 3))):
+        slo: dict[str, float] = {}
+        if draw(st.booleans()):
+            slo["e2e_s"] = draw(st.floats(0.2, 5.0))
+        if draw(st.booleans()):
+            slo["task_deadline_s"] = draw(st.floats(0.5, 10.0))
+        classes[f"c{k}"] = {
+            "calls": draw(st.integers(1, 3)),
+            "parallel_branches": draw(st.integers(1, 3)),
+            "branch_join": draw(st.sampled_from(["all", "first"])),
+            "priority": draw(st.sampled_from(["critical", "interactive", "background"])),
+            "input_tokens": draw(st.integers(16, 1500)),
+            "output_tokens": {"dist": "gamma", "mean": draw(st.integers(4, 200)), "cv": 1.0},
+            "slo": slo,
+        }
+    return classes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    classes=_classes(),
+    rate_per_s=st.floats(2.0, 60.0),
+    replicas=st.integers(1, 2),
+    max_num_seqs=st.integers(4, 12),
+    max_queued=st.integers(0, 8),
+    check_deadlines=st.booleans(),
+    preset=st.sampled_from(["fifo-unbounded", "headway-default"]),
+    max_attempts=st.integers(1, 3),
+    patience_s=st.none() | st.floats(0.05, 3.0),
+    seed=st.integers(0, 2**16),
+)
+def test_every_offered_call_ends_in_exactly_one_terminal_state(
+    classes: dict[str, Any],
+    rate_per_s: float,
+    replicas: int,
+    max_num_seqs: int,
+    max_queued: int,
+    check_deadlines: bool,
+    preset: str,
+    max_attempts: int,
+    patience_s: float | None,
+    seed: int,
+) -> None:
+    data = {
+        "name": "prop",
+        "duration_s": 8,
+        "classes": classes,
+        "tenants": {"a": {"share": 2}, "b": {"share": 1}},
+        "clients": {
+            "retries": {"max_attempts": max_attempts, "backoff_base_s": 0.1},
+            "patience_s": patience_s,
+        },
+        "sources": [
+            {
+                "name": "s",
+                "arrivals": {"process": "poisson", "rate_per_s": rate_per_s},
+                "mix": dict.fromkeys(classes, 1.0),
+            }
+        ],
+    }
+    w = compile_workload(parse_workload(data), seed=seed)
+    engine = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048)
+    models = [ReplicaModel(engine, 800, _STEP) for _ in range(replicas)]
+    gateway = None
+    if preset == "headway-default":
+        band = BandConfig(max_queued_requests=max_queued, max_wait_s=1.0)
+        config = GatewayConfig(
+            preset="headway-default",
+            admission=AdmissionConfig(check_deadlines=check_deadlines),
+            queues=QueueConfig(critical=band, interactive=band, background=band),
+        )
+        gateway = SimGateway(
+            config, num_replicas=replicas, max_num_seqs=max_num_seqs, block_size=16
+        )
+    out = Simulator(
+        w, models, Router(kind="least_outstanding_requests"), SimOptions(), gateway
+    ).run()
+    c = out.calls
+    result = build_result(w, out, replicas)
+    acc = result.accounting
+
+    # The counts balance, and each call is in exactly one state.
+    assert acc.balanced
+    assert acc.offered_calls + acc.not_offered_calls == acc.calls == w.num_calls
+    terminal = [acc.completed, acc.shed, acc.cancelled, acc.timed_out, acc.failed]
+    assert sum(terminal) == acc.offered_calls
+    assert not (c.outcome == _CODE["in_flight"]).any()
+    assert sum(acc.shed_by_reason.values()) == acc.shed
+    assert acc.failed == 0  # every call here fits a replica
+    for state in ("shed", "cancelled", "timed_out", "not_offered_calls", "cancelled_by_patience"):
+        if getattr(acc, state):
+            event(f"{preset}: some {state}")
+
+    # Each state agrees with the records.
+    offered = c.outcome != _CODE["not_offered"]
+    assert np.isfinite(c.arrival_s[offered]).all()
+    assert np.isnan(c.arrival_s[~offered]).all()
+    completed = c.outcome == _CODE["completed"]
+    assert np.isfinite(c.finish_s[completed]).all() and not c.cancelled[completed].any()
+    assert (c.replica[completed] >= 0).all()
+    assert (c.cancelled == (c.outcome == _CODE["cancelled"])).all()
+    for state in ("shed", "timed_out"):
+        unserved = c.outcome == _CODE[state]
+        assert (c.replica[unserved] == -1).all() and np.isnan(c.first_token_s[unserved]).all()
+    shed = c.outcome == _CODE["shed"]
+    assert ((c.shed_reason >= 0) == shed).all()
+    if acc.attempts > acc.offered_calls:
+        event(f"{preset}: some retries")
+
+    # Attempts: at least one per offered call, at most max_attempts; none otherwise.
+    assert (c.attempts[offered] >= 1).all() and (c.attempts[offered] <= max_attempts).all()
+    assert (c.attempts[~offered] == 0).all()
+    assert acc.attempts == int(c.attempts.sum()) and acc.amplification >= 1.0
+    assert acc.cancelled_by_patience <= acc.cancelled
+    if patience_s is None:
+        assert acc.cancelled_by_patience == 0
+    if preset == "fifo-unbounded":
+        assert acc.shed == acc.timed_out == 0 and acc.amplification == 1.0
+        if patience_s is None:
+            assert acc.not_offered_calls == 0
+    else:
+        assert gateway is not None
+        # The gateway's own books are empty at the end: nothing queued, running or held.
+        gateway.queues.check_invariants()
+        assert len(gateway.queues) == 0
+        assert set(gateway.running.values()) == {0}
+        assert set(gateway.in_flight.values()) <= {0}
+
+    # SLO attainment keeps shed, timed-out, cancelled and unoffered calls in its
+    # denominator; only completed calls can meet it.
+    assert result.slo.offered_calls == w.num_calls
+    assert result.slo.met <= acc.completed
+    if w.num_calls:
+        assert result.slo.attainment == result.slo.met / w.num_calls
+
+
+def test_skipping_decode_runs_equals_stepping_behind_the_gateway() -> None:
+    """The gateway materializes a replica before reading its free KV blocks (and a
+    patience cancellation before aborting), so jumping over decode runs gives the same
+    admissions, sheds, retries, cancellations and timings as stepping."""
+    classes = {
+        "chat": {
+            "input_tokens": {"dist": "lognormal", "mean": 400, "cv": 1.0, "max": 1500},
+            "output_tokens": {"dist": "gamma", "mean": 120, "cv": 1.0},
+            "slo": {"e2e_s": 3.0},
+        },
+        "agent": {"calls": 2, "parallel_branches": 2, "branch_join": "first",
+                  "priority": "background", "input_tokens": 300, "output_tokens": 60},
+    }  # fmt: skip
+    data = {
+        "name": "skip",
+        "duration_s": 20,
+        "classes": classes,
+        "clients": {"retries": {"max_attempts": 2}, "patience_s": 1.5},
+        "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": 40},
+                     "mix": {"chat": 3, "agent": 1}}],
+    }  # fmt: skip
+    w = compile_workload(parse_workload(data), seed=5)
+    runs = []
+    for skip in (True, False):
+        engine = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048)
+        models = [ReplicaModel(engine, 1200, _STEP) for _ in range(2)]
+        gateway = SimGateway(
+            GatewayConfig(preset="headway-default"), num_replicas=2, max_num_seqs=16, block_size=16
+        )
+        options = SimOptions(skip_decode=skip, check_invariants=not skip)
+        runs.append(Simulator(w, models, Router(kind="kv_aware"), options, gateway).run())
+    skipped, stepped = runs
+    assert skipped.num_skipped_steps > 0
+    assert (skipped.calls.outcome == stepped.calls.outcome).all()
+    assert (skipped.calls.outcome == _CODE["shed"]).any()
+    assert skipped.cancelled_by_patience == stepped.cancelled_by_patience > 0
+    assert (skipped.calls.attempts == stepped.calls.attempts).all()
+    assert skipped.calls.attempts.max() == 2
+    for column in ("arrival_s", "dispatch_s", "first_token_s", "finish_s", "retry_after_s"):
+        a, b = getattr(skipped.calls, column), getattr(stepped.calls, column)
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True)

@@ -1,0 +1,190 @@
+"""The simulated gateway: shedding under overload, deadline expiry, the default unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from headway.core.errors import ConfigError
+from headway.core.workload.compile import CompiledWorkload, compile_workload
+from headway.files.workload import parse_workload
+from headway.sim.cluster import parse_cluster
+from headway.sim.results import SimResult
+from headway.sim.run import simulate_compiled
+from headway.sim.simulator import OUTCOMES, SHED_REASONS, SimOutcome
+
+# One Llama-2-7B replica on an A100 completes about 14 of these calls per second.
+_CAPACITY_PER_S = 14.0
+
+
+def _fixed(rate_per_s: float, duration_s: float, slo: dict[str, Any] | None = None) -> Any:
+    cls: dict[str, Any] = {"input_tokens": 512, "output_tokens": 128}
+    if slo:
+        cls["slo"] = slo
+    return {
+        "name": "overload",
+        "duration_s": duration_s,
+        "classes": {"fixed": cls},
+        "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": rate_per_s}}],
+    }
+
+
+def _cluster(gateway: dict[str, Any] | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "replicas": 1,
+        "model": "llama-2-7b",
+        "gpu": "a100",
+        "num_kv_blocks": 7424,
+        "engine": {
+            "max_num_seqs": 128,
+            "max_num_batched_tokens": 4096,
+            "enable_chunked_prefill": False,
+        },
+    }
+    if gateway is not None:
+        data["gateway"] = gateway
+    return data
+
+
+def _simulate(
+    workload: dict[str, Any], cluster: dict[str, Any], seed: int = 3
+) -> tuple[CompiledWorkload, SimResult, SimOutcome]:
+    w = compile_workload(parse_workload(workload), seed=seed)
+    result, out = simulate_compiled(w, parse_cluster(cluster))
+    return w, result, out
+
+
+def test_headway_default_sheds_with_computed_retry_after_at_3x_overload() -> None:
+    workload = _fixed(3 * _CAPACITY_PER_S, 120)
+    _, fifo, fifo_out = _simulate(workload, _cluster())
+    w, gw, gw_out = _simulate(workload, _cluster({"preset": "headway-default"}))
+
+    assert fifo.accounting.gateway == "fifo-unbounded"
+    assert fifo.accounting.shed == 0
+    assert fifo.accounting.completed == w.num_calls
+    assert fifo.accounting.balanced
+
+    acc = gw.accounting
+    assert acc.gateway == "headway-default" and acc.balanced
+    assert acc.offered_calls == w.num_calls
+    # At 3× capacity, about two thirds are refused at arrival, all for a full queue.
+    assert 0.5 * w.num_calls < acc.shed < 0.8 * w.num_calls
+    assert set(acc.shed_by_reason) == {"queue_full"}
+    shed = gw_out.calls.outcome == OUTCOMES.index("shed")
+    assert (gw_out.calls.shed_reason[shed] == SHED_REASONS.index("queue_full")).all()
+    # Never dispatched: a shed call holds no replica and no engine time.
+    assert (gw_out.calls.replica[shed] == -1).all()
+    assert np.isnan(gw_out.calls.dispatch_s[shed]).all()
+    # retry_after = queued / measured drain rate: 128 interactive calls at ~14/s ≈ 9 s,
+    # computed from state (not the 60 s cap used when nothing has drained yet).
+    retry = gw_out.calls.retry_after_s[shed]
+    assert np.isfinite(retry).all()
+    steady = retry[gw_out.calls.arrival_s[shed] > 30.0]
+    assert 128 / (2 * _CAPACITY_PER_S) < np.median(steady) < 2 * 128 / _CAPACITY_PER_S
+    assert np.unique(np.round(steady, 6)).size > 10
+    # The gateway bounds the wait: admitted calls see seconds of TTFT, fifo minutes.
+    gw_p99_s, fifo_p50_s = gw.latencies.ttft.p99_s, fifo.latencies.ttft.p50_s
+    assert gw_p99_s is not None and fifo_p50_s is not None
+    assert gw_p99_s < 15.0 < fifo_p50_s
+    assert fifo_out.calls.outcome.tolist() == [OUTCOMES.index("completed")] * w.num_calls
+
+
+def test_queued_calls_past_their_deadline_time_out_and_are_never_served_late() -> None:
+    e2e_s = 4.0
+    workload = _fixed(3 * _CAPACITY_PER_S, 60, slo={"e2e_s": e2e_s})
+    # Without the arrival-time deadline check, calls queue and the queue expires them.
+    gateway = {"preset": "headway-default", "admission": {"check_deadlines": False}}
+    w, result, out = _simulate(workload, _cluster(gateway))
+    c = out.calls
+    timed_out = c.outcome == OUTCOMES.index("timed_out")
+    acc = result.accounting
+    assert acc.balanced and acc.timed_out == int(timed_out.sum()) > 0
+    # Timed out in the gateway's queue: never sent to a replica.
+    assert (c.replica[timed_out] == -1).all() and np.isnan(c.dispatch_s[timed_out]).all()
+    assert np.isnan(c.first_token_s[timed_out]).all()
+    # Every dispatched call left the queue before its deadline.
+    sent = np.isfinite(c.dispatch_s)
+    assert (c.dispatch_s[sent] - c.arrival_s[sent] < e2e_s).all()
+    # SLO attainment keeps timed-out and shed calls in its denominator.
+    assert result.slo.offered_calls == w.num_calls
+    assert result.slo.met <= acc.completed
+    assert result.slo.attainment == pytest.approx(result.slo.met / w.num_calls)
+
+
+def test_deadline_check_sheds_at_arrival_instead_of_timing_out() -> None:
+    workload = _fixed(3 * _CAPACITY_PER_S, 60, slo={"e2e_s": 8.0})
+    _, result, out = _simulate(workload, _cluster({"preset": "headway-default"}))
+    acc = result.accounting
+    assert acc.balanced
+    assert acc.shed_by_reason.get("deadline_unmeetable", 0) > acc.shed_by_reason["queue_full"]
+    unmeetable = out.calls.shed_reason == SHED_REASONS.index("deadline_unmeetable")
+    # A per-call deadline renews on retry: when the predicted wait is what misses it,
+    # the excess wait is the retry_after (None only when the service alone is too long).
+    retry = out.calls.retry_after_s[unmeetable]
+    assert np.isfinite(retry).sum() > 0.5 * unmeetable.sum()
+    assert (retry[np.isfinite(retry)] <= 60.0).all()
+
+
+# The summary of this run (without `accounting`) before the gateway existed; the default
+# preset must keep it byte for byte. Change it only for a deliberate change of results.
+_PRE_GATEWAY_SHA256 = "415e3c4789238465601478f713b0af4aed03940b91db6e7f0443e85bdcb9298e"
+
+
+@pytest.mark.parametrize("gateway", [None, {"preset": "fifo-unbounded"}])
+def test_default_preset_output_identical_to_before_the_gateway(
+    gateway: dict[str, Any] | None,
+) -> None:
+    data = {
+        "name": "g",
+        "duration_s": 60,
+        "classes": {
+            "chat": {
+                "input_tokens": {"dist": "lognormal", "mean": 600, "cv": 1.0, "max": 4000},
+                "output_tokens": {"dist": "lognormal", "mean": 150, "cv": 1.0, "max": 1000},
+                "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+            },
+            "agent": {
+                "calls": 2,
+                "parallel_branches": 2,
+                "branch_join": "first",
+                "input_tokens": 300,
+                "output_tokens": 80,
+            },
+        },
+        "sources": [
+            {
+                "name": "s",
+                "arrivals": {"process": "poisson", "rate_per_s": 20},
+                "mix": {"chat": 3, "agent": 1},
+            }
+        ],
+    }
+    cluster: dict[str, Any] = {
+        "replicas": 2,
+        "model": "llama-2-7b",
+        "gpu": "a100",
+        "num_kv_blocks": 2000,
+        "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
+    }
+    if gateway is not None:
+        cluster["gateway"] = gateway
+    _, result, out = _simulate(data, cluster, seed=7)
+    summary = msgspec.to_builtins(result)
+    accounting = summary.pop("accounting")
+    digest = hashlib.sha256(msgspec.json.encode(summary)).hexdigest()
+    assert digest == _PRE_GATEWAY_SHA256
+    assert accounting["balanced"] and accounting["shed"] == 0
+    assert accounting["cancelled"] == result.engine.cancelled_calls > 0
+    assert (out.calls.arrival_s == out.calls.dispatch_s).all()
+
+
+def test_gateway_section_is_validated() -> None:
+    assert parse_cluster({}).gateway.preset == "fifo-unbounded"
+    with pytest.raises(ConfigError, match="gateway"):
+        parse_cluster({"gateway": {"preset": "lifo"}})
+    with pytest.raises(ConfigError, match="slots_per_replica"):
+        parse_cluster({"gateway": {"preset": "headway-default", "slots_per_replica": 0}})

@@ -421,6 +421,23 @@ def fluid_episodes(
     backlog = 0.0
     start = peak_rate = peak_backlog = peak_time = rate_after = 0.0
     in_episode = False
+
+    def close(drain_s: float | None) -> None:
+        episodes.append(
+            Episode(
+                source=source,
+                unit=unit,
+                start_s=start,
+                overload_s=peak_time - start,
+                peak_rate_per_s=peak_rate,
+                capacity_per_s=capacity_per_s,
+                rate_after_per_s=rate_after,
+                backlog=peak_backlog,
+                drain_s=drain_s,
+                drained=drain_s is not None,
+            )
+        )
+
     edges, rates = profile.edges_s.tolist(), profile.rates_per_s.tolist()
     for i, rate in enumerate(rates):
         t0, t1 = edges[i], edges[i + 1]
@@ -436,67 +453,14 @@ def fluid_episodes(
             continue
         if not in_episode:
             continue
-        if backlog <= -net * (t1 - t0) and net < 0:
-            empty_at = t0 + backlog / -net
-            episodes.append(
-                _episode(
-                    source,
-                    unit,
-                    start,
-                    peak_time,
-                    peak_rate,
-                    capacity_per_s,
-                    rate_after,
-                    peak_backlog,
-                    empty_at - peak_time,
-                    True,
-                )
-            )
+        if net < 0 and backlog <= -net * (t1 - t0):
+            close(t0 + backlog / -net - peak_time)
             backlog, in_episode, peak_backlog = 0.0, False, 0.0
         else:
             backlog += net * (t1 - t0)
     if in_episode:
-        episodes.append(
-            _episode(
-                source,
-                unit,
-                start,
-                peak_time,
-                peak_rate,
-                capacity_per_s,
-                rate_after,
-                peak_backlog,
-                None,
-                False,
-            )
-        )
+        close(None)
     return episodes
-
-
-def _episode(
-    source: str,
-    unit: str,
-    start: float,
-    peak_time: float,
-    peak_rate: float,
-    capacity: float,
-    rate_after: float,
-    backlog: float,
-    drain_s: float | None,
-    drained: bool,
-) -> Episode:
-    return Episode(
-        source=source,
-        unit=unit,
-        start_s=start,
-        overload_s=peak_time - start,
-        peak_rate_per_s=peak_rate,
-        capacity_per_s=capacity,
-        rate_after_per_s=rate_after,
-        backlog=backlog,
-        drain_s=drain_s,
-        drained=drained,
-    )
 
 
 def _knee(spec: WorkloadSpec) -> list[KneeTable]:

@@ -47,7 +47,7 @@ def _period_table(periods: list[Period]) -> Table:
         ("output tokens/s", [_fmt(p.output_tokens_per_s) for p in periods]),
         ("tasks in flight (L = λW)", [_fmt(p.little.tasks_in_flight) for p in periods]),
         ("calls in flight (L = λW)", [_fmt(p.little.calls_in_flight) for p in periods]),
-        ("cost per task", [_fmt(p.cost_per_task, digits=3) for p in periods]),
+        ("cost per task ($)", [_fmt(p.cost_per_task, digits=3) for p in periods]),
     ]
     for label, values in rows:
         table.add_row(label, *values)

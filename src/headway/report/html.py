@@ -69,8 +69,8 @@ def _knee_svg(table: dict[str, Any]) -> str:
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#98a2b3"/>'
         f'<text x="{width / 2}" y="{height - 10}" text-anchor="middle">utilization</text>'
         f'<text x="12" y="{pad - 10}">seconds (max {top:.3g})</text>'
-        f'<text x="{width - pad}" y="{pad}" text-anchor="end" fill="#d9480f">p95</text>'
-        f'<text x="{width - pad}" y="{pad + 16}" text-anchor="end" fill="#3b6fd8">mean</text>'
+        f'<text x="{pad + 10}" y="{pad + 14}" fill="#d9480f">p95</text>'
+        f'<text x="{pad + 10}" y="{pad + 30}" fill="#3b6fd8">mean</text>'
     )
     ticks = "".join(
         f'<text x="{x(u):.1f}" y="{height - pad + 16}" text-anchor="middle">{u:.0%}</text>'
@@ -127,7 +127,7 @@ def render_plan_html(plan: dict[str, Any]) -> str:
             ("calls/s", "calls_per_s"),
             ("input tokens/s", "input_tokens_per_s"),
             ("output tokens/s", "output_tokens_per_s"),
-            ("cost per task", "cost_per_task"),
+            ("cost per task ($)", "cost_per_task"),
         )
     ]
     demand_rows.append(

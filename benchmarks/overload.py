@@ -1,0 +1,332 @@
+"""Overload: what the gateway presets do to examples/overload.yaml past its knee.
+
+Scenarios (issue 4), all simulated with the workload's seed on
+examples/clusters/overload.yaml:
+
+1. the knee: the largest load factor whose SLO attainment meets the strictest class
+   target under ``fifo-unbounded`` (a property of the capacity, found with
+   ``sweep(search=True)``);
+2. goodput at the knee and at 3× the knee under ``fifo-unbounded`` and
+   ``headway-default`` (``goodput_ratio_*`` = goodput at 3× / goodput at the knee), the
+   critical class's attainment at 3×, and the shed reasons;
+3. retries in a saturation run (5× the knee, ``headway-default``): the retry
+   amplification (attempts / offered calls) and, of the calls retried at least once, the
+   fraction that completed on their first retry (``attempts == 2``);
+4. a flooding tenant: at the knee, ``globex`` sends 10× its share; the other interactive
+   tenants' TTFT p99 with and without the flood, under both presets;
+5. memory pressure: a replica with few KV blocks, preemptions without admission
+   (``fifo-unbounded``) and with token-aware admission (``headway-default``).
+
+Prints a table of every figure and ends with one line of JSON. Figures are printed as
+measured, whether or not they meet the issue's targets. Run from the repository root:
+``python benchmarks/overload.py [--quick]`` (``--quick``: two simulated minutes a run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from headway.core.policy.admission import AdmissionConfig, TenantLimits
+from headway.core.workload.compile import compile_workload
+from headway.core.workload.scale import scale_workload
+from headway.core.workload.spec import Lognormal, PoissonArrivals, Source, WorkloadSpec
+from headway.files.workload import load_workload
+from headway.sim.cluster import ClusterSpec
+from headway.sim.commands import load_cluster
+from headway.sim.gateway import GatewayConfig
+from headway.sim.results import SimResult
+from headway.sim.run import simulate_compiled
+from headway.sim.simulator import OUTCOMES, SimOutcome
+from headway.sim.sweep import sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = ROOT / "examples" / "overload.yaml"
+CLUSTER = ROOT / "examples" / "clusters" / "overload.yaml"
+PRESETS = ("fifo-unbounded", "headway-default")
+OVERLOAD = 3.0
+FLOOD_TENANT = "globex"
+FLOOD_FACTOR = 10.0
+SATURATION = 5.0
+"""Load, in knees, of the saturation run whose retries are measured."""
+BUDGETED = "hw+tenant-budget"
+"""The supplementary configuration of the flood scenario: headway-default with
+per-tenant token budgets."""
+BUDGET_HEADROOM = 1.5
+"""Each tenant's token budget, in multiples of its share of the knee's tokens."""
+TIGHT_KV_BLOCKS = 4000
+"""KV blocks per replica in the memory-pressure run (64,000 tokens at block size 16):
+few enough that the knee load preempts without admission, not so few that it collapses."""
+
+R = msgspec.structs.replace
+
+
+def run(spec: WorkloadSpec, cluster: ClusterSpec, factor: float) -> tuple[SimResult, SimOutcome]:
+    workload = compile_workload(scale_workload(spec, factor), seed=spec.seed)
+    return simulate_compiled(workload, cluster)
+
+
+def with_preset(cluster: ClusterSpec, preset: str) -> ClusterSpec:
+    gateway = msgspec.convert({**msgspec.to_builtins(cluster.gateway), "preset": preset},
+                              GatewayConfig)  # fmt: skip
+    return R(cluster, gateway=gateway)
+
+
+def group(groups: list[Any], name: str) -> Any:
+    return next(g for g in groups if g.name == name)
+
+
+def flooded(spec: WorkloadSpec) -> WorkloadSpec:
+    """``spec`` plus a source that makes FLOOD_TENANT send FLOOD_FACTOR × its share of
+    the interactive source's questions."""
+    users = next(s for s in spec.sources if s.name == "users")
+    assert isinstance(users.arrivals, PoissonArrivals)
+    assert users.tenants is not None
+    share = users.tenants[FLOOD_TENANT] / sum(users.tenants.values())
+    extra = (FLOOD_FACTOR - 1) * share * users.arrivals.rate_per_s
+    flood = Source(
+        name="flood",
+        arrivals=PoissonArrivals(rate_per_s=extra),
+        mix=users.mix,
+        tenants={FLOOD_TENANT: 1.0},
+    )
+    return R(spec, sources=[*spec.sources, flood])
+
+
+def tenant_budgets(spec: WorkloadSpec, factor: float) -> dict[str, TenantLimits]:
+    """Token budgets of BUDGET_HEADROOM × each interactive tenant's share of the users
+    source's tokens at ``factor`` (prompt mean plus ``max_tokens``, what admission
+    charges)."""
+    users = next(s for s in spec.sources if s.name == "users")
+    assert isinstance(users.arrivals, PoissonArrivals)
+    assert users.tenants is not None
+    chat = spec.classes["chat"]
+    assert isinstance(chat.input_tokens, Lognormal)
+    assert chat.max_tokens is not None
+    tokens_per_s = users.arrivals.rate_per_s * factor * (chat.input_tokens.mean + chat.max_tokens)
+    total = sum(users.tenants.values())
+    return {
+        t: TenantLimits(token_rate_per_s=BUDGET_HEADROOM * share / total * tokens_per_s)
+        for t, share in users.tenants.items()
+    }
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    return "null" if x is None else f"{x:.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two simulated minutes a run")
+    parser.add_argument("--jobs", type=int, default=2, help="processes for the knee search")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    spec = load_workload(WORKLOAD).spec
+    if args.quick:
+        spec = R(spec, duration_s=120.0)
+    base = load_cluster(CLUSTER)
+    fifo = with_preset(base, "fifo-unbounded")
+    notes: list[str] = []
+
+    # 1. The knee, under fifo-unbounded.
+    knee = sweep(spec, fifo, search=True, jobs=args.jobs).knee
+    assert knee is not None
+    assert knee.found, "the knee search found no passing load"
+    kf = knee.load_factor
+    print(f"workload {spec.name}: {spec.duration_s:.0f} s a run, seed {spec.seed}")
+    print(
+        f"knee (fifo-unbounded, attainment >= {knee.target}): load {kf:.3f}× = "
+        f"{knee.offered_calls_per_s:.2f} calls/s; "
+        f"{OVERLOAD:.0f}× the knee = load {OVERLOAD * kf:.3f}×"
+    )
+
+    # 2. Knee and 3× under both presets.
+    results: dict[tuple[str, str], tuple[SimResult, SimOutcome]] = {}
+    for preset in PRESETS:
+        cluster = with_preset(base, preset)
+        results[preset, "knee"] = run(spec, cluster, kf)
+        results[preset, "3x"] = run(spec, cluster, OVERLOAD * kf)
+    print()
+    head = ("preset", "load", "attain", "goodput/s", "crit att", "chat att", "bg att")
+    print(
+        f"{head[0]:<16} {head[1]:>5} {head[2]:>7} {head[3]:>9} {head[4]:>8} {head[5]:>8} "
+        f"{head[6]:>7} {'shed':>5} {'t/out':>5} {'amplif':>6}  shed reasons"
+    )
+    for (preset, point), (r, _) in results.items():
+        a = r.accounting
+        by = {g.name: g.slo_attainment for g in r.by_priority}
+        print(
+            f"{preset:<16} {point:>5} {r.slo.attainment:>7.3f} {r.slo.goodput_per_s:>9.2f} "
+            f"{fmt(by.get('critical')):>8} {fmt(by.get('interactive')):>8} "
+            f"{fmt(by.get('background')):>7} {a.shed:>5} {a.timed_out:>5} "
+            f"{a.amplification:>6.3f}  {a.shed_by_reason}"
+        )
+
+    def goodput(preset: str, point: str) -> float:
+        return results[preset, point][0].slo.goodput_per_s
+
+    ratio_default = goodput("headway-default", "3x") / goodput("headway-default", "knee")
+    ratio_fifo = goodput("fifo-unbounded", "3x") / goodput("fifo-unbounded", "knee")
+    over, over_records = results["headway-default", "3x"]
+    critical = group(over.by_priority, "critical").slo_attainment
+    unmeetable = over.accounting.shed_by_reason.get("deadline_unmeetable", 0)
+    print(
+        f"\nat 3× under headway-default: {unmeetable} calls refused at arrival as "
+        f"deadline_unmeetable, {over.accounting.timed_out} expired in the queue "
+        f"(accounting balanced: {over.accounting.balanced})"
+    )
+
+    # 3. Retries in a saturation run: most sheds at 3× are "no slack" refusals (the
+    # service alone needs more than the time left), which no client retries; at
+    # SATURATION× the knee the queues fill and the clients retry.
+    def retry_figures(label: str, outcome: SimOutcome, result: SimResult) -> float | None:
+        calls = outcome.calls
+        retried = calls.attempts >= 2
+        first = (calls.attempts == 2) & (calls.outcome == OUTCOMES.index("completed"))
+        share = float(first.sum() / retried.sum()) if retried.any() else None
+        print(
+            f"{label}: amplification {result.accounting.amplification:.3f}, "
+            f"{int(retried.sum())} calls retried, {int(first.sum())} completed on their "
+            f"first retry -> {fmt(share)}; shed {result.accounting.shed_by_reason}"
+        )
+        if retried.any():
+            ends = {
+                f"{OUTCOMES[o]}@{n}": int(((calls.outcome == o) & (calls.attempts == n)).sum())
+                for o in np.unique(calls.outcome[retried])
+                for n in np.unique(calls.attempts[retried])
+            }
+            print(f"  retried calls by outcome@attempts: { {k: v for k, v in ends.items() if v} }")
+        return share
+
+    print()
+    retry_figures("retries at 3× (headway-default)", over_records, over)
+    sat, sat_records = run(spec, with_preset(base, "headway-default"), SATURATION * kf)
+    first_retry_success = retry_figures(
+        f"retries at {SATURATION:.0f}× (headway-default, the saturation run)", sat_records, sat
+    )
+    amplification_budget = sat.accounting.amplification
+    notes.append(
+        "retry_amplification_no_budget: null. The simulator's clients always use the core "
+        "RetryPolicy's default budget (20% of requests per 10 s, at least 3); neither "
+        "clients.retries nor the cluster's gateway section can turn it off or change it."
+    )
+    notes.append(
+        f"retry_amplification_budget and first_retry_success: from the saturation run at "
+        f"{SATURATION:.0f}× the knee under headway-default (retries happen only after a "
+        "shed, so fifo-unbounded is always 1.0). first_retry_success counts a completed "
+        "call with attempts == 2, SLO met or not; clients honour the computed Retry-After "
+        "and also back off with full jitter: a retry waits max(jittered backoff, Retry-After)."
+    )
+
+    # 4. A tenant sending 10× its share, at the knee.
+    light = ("acme", "initech")
+    flood_spec = flooded(spec)
+    increases: dict[str, float] = {}
+    print(
+        f"\n{FLOOD_TENANT} sends {FLOOD_FACTOR:.0f}× its share at the knee; "
+        "other tenants' TTFT p99 (s):"
+    )
+    print(
+        f"{'preset':<16} {'tenant':<8} {'alone':>7} {'flood':>7} {'incr':>9} "
+        f"{'att alone':>9} {'att flood':>9}"
+    )
+    budgets = GatewayConfig(
+        preset="headway-default", admission=AdmissionConfig(tenants=tenant_budgets(spec, kf))
+    )
+    configs = [(p, with_preset(base, p)) for p in PRESETS]
+    configs.append((BUDGETED, R(base, gateway=budgets)))
+    for label, cluster in configs:
+        if label in PRESETS:
+            alone = results[label, "knee"][0]
+        else:
+            alone, _ = run(spec, cluster, kf)
+        with_flood, _ = run(flood_spec, cluster, kf)
+        worst = 0.0
+        for tenant in light:
+            a, b = group(alone.by_tenant, tenant), group(with_flood.by_tenant, tenant)
+            p_a, p_b = a.latencies.ttft.p99_s, b.latencies.ttft.p99_s
+            inc = (p_b / p_a - 1) if p_a and p_b is not None else float("nan")
+            worst = max(worst, inc)
+            print(
+                f"{label:<16} {tenant:<8} {fmt(p_a):>7} {fmt(p_b):>7} {inc:>+9.1%} "
+                f"{fmt(a.slo_attainment):>9} {fmt(b.slo_attainment):>9}"
+            )
+        increases[label] = worst
+    notes.append(
+        "light_tenant_p99_increase: the largest relative TTFT p99 increase of acme and "
+        "initech under headway-default (p99 over their completed calls; calls shed are not "
+        "in it, see their attainment). Under fifo-unbounded it is "
+        f"{increases['fifo-unbounded']:+.1%}. {BUDGETED} is headway-default with "
+        f"per-tenant token budgets of {BUDGET_HEADROOM}× each tenant's share of the "
+        "knee's interactive tokens (gateway.admission.tenants, not a preset default): "
+        f"{increases[BUDGETED]:+.1%}; it is printed for comparison, not in the JSON."
+    )
+
+    # 5. Memory pressure: preemptions without and with token-aware admission.
+    tight = R(base, num_kv_blocks=TIGHT_KV_BLOCKS)
+    preemptions: dict[str, int] = {}
+    print(f"\nmemory pressure: {TIGHT_KV_BLOCKS} KV blocks per replica, load {kf:.3f}×")
+    for preset in PRESETS:
+        r, _ = run(spec, with_preset(tight, preset), kf)
+        preemptions[preset] = r.engine.preemptions
+        print(
+            f"{preset:<16} preemptions {r.engine.preemptions:>6}  attainment "
+            f"{r.slo.attainment:.3f}  goodput/s {r.slo.goodput_per_s:.2f}  "
+            f"shed {r.accounting.shed}"
+        )
+
+    figures: dict[str, float | int | None] = {
+        "goodput_ratio_default": ratio_default,
+        "goodput_ratio_fifo": ratio_fifo,
+        "light_tenant_p99_increase": increases["headway-default"],
+        "critical_attainment": critical,
+        "retry_amplification_no_budget": None,
+        "retry_amplification_budget": amplification_budget,
+        "first_retry_success": first_retry_success,
+        "preemptions_with_admission": preemptions["headway-default"],
+        "preemptions_without_admission": preemptions["fifo-unbounded"],
+    }
+    targets: dict[str, tuple[str, bool | None]] = {
+        "goodput_ratio_default": (">= 0.9", ratio_default >= 0.9),
+        "goodput_ratio_fifo": ("< 0.3", ratio_fifo < 0.3),
+        "light_tenant_p99_increase": ("<= 0.2", increases["headway-default"] <= 0.2),
+        "critical_attainment": (">= 0.99", critical is not None and critical >= 0.99),
+        "retry_amplification_no_budget": (">= 2", None),
+        "retry_amplification_budget": ("<= 1.1", amplification_budget <= 1.1),
+        "first_retry_success": (
+            ">= 0.9",
+            None if first_retry_success is None else first_retry_success >= 0.9,
+        ),
+        "preemptions_with_admission": (
+            "0 (where without > 0)",
+            preemptions["headway-default"] == 0 and preemptions["fifo-unbounded"] > 0,
+        ),
+        "preemptions_without_admission": ("> 0", preemptions["fifo-unbounded"] > 0),
+    }
+    print(f"\n{'figure':<32} {'value':>10}  {'target':<22} met")
+    for name, value in figures.items():
+        target, met = targets[name]
+        shown = (
+            "null"
+            if value is None
+            else (f"{value:.3f}" if isinstance(value, float) else str(value))
+        )
+        verdict = "n/a" if met is None else ("yes" if met else "NO")
+        print(f"{name:<32} {shown:>10}  {target:<22} {verdict}")
+    print()
+    for note in notes:
+        print(f"note: {note}")
+    print(f"\nwall time {time.perf_counter() - started:.1f} s")
+    clean = {k: (None if v is None or (isinstance(v, float) and np.isnan(v)) else v)
+             for k, v in figures.items()}  # fmt: skip
+    print(json.dumps(clean))
+
+
+if __name__ == "__main__":
+    main()

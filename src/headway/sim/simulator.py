@@ -584,10 +584,13 @@ class Simulator:
                 backoff_max_s=max(retries.backoff_max_s, retries.backoff_base_s),
                 jitter=retries.jitter,
                 honour_retry_after=retries.honour_retry_after,
+                budget=retries.budget_ratio is not None,
+                budget_ratio=0.2 if retries.budget_ratio is None else retries.budget_ratio,
+                budget_window_s=retries.budget_window_s,
             )
         )
-        """The clients' retries of shed calls (the workload's ``clients.retries``, with the
-        policy's default budget)."""
+        """The clients' retries of shed calls (the workload's ``clients.retries`` and its
+        retry budget)."""
         self._retry_rng = np.random.default_rng([workload.seed, _RETRY_STREAM])
 
     def _deadline(self, j: int, now: float) -> tuple[float | None, bool]:

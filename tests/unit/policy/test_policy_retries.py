@@ -168,3 +168,14 @@ def test_same_seed_same_delays() -> None:
 def test_attempt_must_count_attempts_made() -> None:
     with pytest.raises(ValueError, match="attempt"):
         _policy().next_attempt(1.0, 0, ERROR, None, _rng())
+
+
+def test_without_a_budget_every_allowed_attempt_is_retried() -> None:
+    """Clients with no budget (most deployments today) retry everything the attempts allow."""
+    policy = RetryPolicy(RetryConfig(budget=False, budget_ratio=0.2, budget_min_retries=0))
+    for k in range(50):
+        policy.record_request(k * 0.1)
+    granted = sum(
+        isinstance(policy.next_attempt(5.0, 1, ERROR, None, _rng()), RetryAfter) for _ in range(30)
+    )
+    assert granted == 30  # the budgeted policy above grants 10 of the same 30

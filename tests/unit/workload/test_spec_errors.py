@@ -200,3 +200,10 @@ def test_not_utf8(tmp_path: Path) -> None:
 def test_bare_negative_numbers_are_rejected(key: str) -> None:
     with pytest.raises(WorkloadError, match=rf"\$\.classes\.chat: `{key}` must be a finite"):
         parse_workload(_with(f"classes.chat.{key}", -5), "w.yaml")
+
+
+def test_retry_budget_ratio_range_and_null() -> None:
+    with pytest.raises(WorkloadError, match=r"budget_ratio.*\[0, 1\].*null turns the budget off"):
+        parse_workload(_with("clients", {"retries": {"budget_ratio": 5}}), "w.yaml")
+    spec = parse_workload(_with("clients", {"retries": {"budget_ratio": None}}), "w.yaml")
+    assert spec.clients.retries.budget_ratio is None

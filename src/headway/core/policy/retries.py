@@ -74,6 +74,10 @@ class RetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Wait at least the server's ``retry_after_s`` when it sends one: the gateway
     computes it from its drain rate, so it is the best estimate of when room exists."""
 
+    budget: bool = True
+    """Apply the retry budget below; ``False`` models clients without one (what most
+    deployments run today): every retry the attempts allow is sent."""
+
     budget_ratio: float = 0.2
     """Retries allowed as a fraction of the original requests in the window: under a
     storm, load grows by at most this factor (the default of Finagle's and Envoy's
@@ -292,7 +296,7 @@ class RetryPolicy:
             )
 
         requests, retries, allowed = self.budget(now)
-        if retries + 1 > allowed:
+        if cfg.budget and retries + 1 > allowed:
             return GiveUp(
                 GiveUpReason.BUDGET_EXHAUSTED,
                 f"{retries:.0f} retries for {requests:.0f} requests in the last "

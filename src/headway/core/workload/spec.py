@@ -713,7 +713,21 @@ class Retries(_Spec, frozen=True, kw_only=True):
     honour_retry_after: bool = True
     """Wait at least the server's ``Retry-After`` when it sends one."""
 
+    budget_ratio: float | None = 0.2
+    """Retry budget: retries at most this fraction of the client's recent requests
+    (``null``: no budget, every retry the attempts allow is sent)."""
+
+    budget_window_s: float = 10.0
+    """The sliding window over which the retry budget counts requests and retries."""
+
     def __post_init__(self) -> None:
+        if self.budget_ratio is not None:
+            _require(
+                0 <= self.budget_ratio <= 1,
+                f"`budget_ratio` must be in [0, 1] (got {self.budget_ratio}); 0.2 allows "
+                "retries of 20% of recent requests, null turns the budget off",
+            )
+        _positive("budget_window_s", self.budget_window_s)
         _require(
             1 <= self.max_attempts <= 100,
             f"`max_attempts` must be between 1 and 100 (got {self.max_attempts})",

@@ -22,6 +22,7 @@ the engine, where no deadline or priority can reach it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import msgspec
@@ -163,9 +164,14 @@ class SimGateway:
         flight for its tenant."""
         self.in_flight[tenant] -= 1
 
-    def pop(self, now: float) -> Queued[int] | None:
-        """The next queued call to dispatch now (its slot taken), or None."""
-        got = self.queues.try_pop(now, total_slots=self.total_slots, running=self.running)
+    def pop(
+        self, now: float, fits: Callable[[Queued[int]], bool] | None = None
+    ) -> Queued[int] | None:
+        """The next queued call to dispatch now (its slot taken), or None; ``fits`` is the
+        queues' token-aware dispatch check."""
+        got = self.queues.try_pop(
+            now, total_slots=self.total_slots, running=self.running, fits=fits
+        )
         if got is not None:
             self.dispatched(got.band)
         return got

@@ -41,7 +41,7 @@ from headway.core.engine.replica import DecodeRun, ReplicaModel, StepResult
 from headway.core.engine.scheduler import EngineRequest
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.decisions import Admit, Enqueue, ShedReason
-from headway.core.policy.queues import BANDS
+from headway.core.policy.queues import BANDS, Queued
 from headway.core.policy.retries import (
     AttemptOutcome,
     FailureKind,
@@ -192,6 +192,7 @@ class _Driver:
         "outstanding_tokens",
         "pending_finished",
         "ready",
+        "reserved_kv_blocks",
         "revision",
         "run_start_s",
         "run_steps",
@@ -213,6 +214,10 @@ class _Driver:
         self.pending_finished: tuple[int, ...] = ()
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
+        self.reserved_kv_blocks = 0
+        """KV blocks promised to the calls dispatched here and not yet ended: each call's
+        prompt plus its ``max_tokens`` (or its class's p95 output), as the gateway projects
+        it. Token-aware admission keeps the sum within the pool."""
         self.revision: str | None = None
         self.ready = True
 
@@ -465,6 +470,8 @@ class Simulator:
         driver.outstanding_requests += 1
         self._outstanding[choice] += 1
         driver.outstanding_tokens += prompt + output
+        if self.gateway is not None:
+            driver.reserved_kv_blocks += self._projected_kv_blocks(j)
         self._dispatch_s[j] = now
         self._replica[j] = choice
         if driver.state == _IDLE:
@@ -636,7 +643,7 @@ class Simulator:
         )
         load = gateway.snapshot(
             now,
-            free_kv_blocks=driver.free_kv_blocks,
+            free_kv_blocks=max(0, min(driver.free_kv_blocks, self._unpromised_kv_blocks(driver))),
             total_kv_blocks=driver.model.scheduler.pool.num_blocks,
             prefill_tokens_per_s=self._prefill_tokens_per_s,
             tpot_s=self._tpot_s,
@@ -666,17 +673,49 @@ class Simulator:
             self._shed_reason[j] = _SHED_CODE[decision.reason]
             self._call_unserved(j, now)
 
+    def _projected_kv_blocks(self, j: int) -> int:
+        """KV blocks the gateway projects for call ``j``: its prompt plus its ``max_tokens``,
+        or its class's p95 output when it sends none (the admission policy's rule)."""
+        k = self._task_class[self._call_task[j]]
+        max_tokens = self._class_max_tokens[k]
+        output: int = self._class_p95_output[k] if max_tokens is None else max_tokens
+        tokens: int = self._call_in[j] + output
+        return -(-tokens // self._block_size)
+
+    def _unpromised_kv_blocks(self, driver: _Driver) -> int:
+        """Blocks of ``driver``'s pool that no dispatched call has been projected to need."""
+        num_blocks: int = driver.model.scheduler.pool.num_blocks
+        return num_blocks - driver.reserved_kv_blocks
+
     def _pump(self, now: float) -> None:
-        """Dispatch queued calls into free slots, then end the calls that expired."""
+        """Dispatch queued calls into free slots, then end the calls that expired.
+
+        Token-aware dispatch: a queued call goes only when the replica the router picks for
+        it has unpromised KV blocks for its projection (or nothing is running there, so
+        that a call larger than a whole pool still runs); otherwise it keeps its place.
+        """
         gateway = self.gateway
         assert gateway is not None
-        while (got := gateway.pop(now)) is not None:
+        chosen: list[int] = []
+
+        def fits(queued: Queued[int]) -> bool:
+            j = queued.item
+            if self._outcome[j] != _IN_FLIGHT:
+                return True  # cancelled while it waited: pop it to drop it
+            choice = self._route(j, now)
+            chosen.append(choice)
+            driver = self.drivers[choice]
+            return driver.outstanding_requests == 0 or self._projected_kv_blocks(
+                j
+            ) <= self._unpromised_kv_blocks(driver)
+
+        while (got := gateway.pop(now, fits)) is not None:
             j = got.item
             if self._outcome[j] != _IN_FLIGHT:  # cancelled while it waited
                 gateway.release(got.band)
                 continue
             self._queued.discard(j)
-            self._send(j, self._route(j, now), now)
+            self._send(j, chosen[-1], now)
         for gone in gateway.expire(now):
             j = gone.item
             if self._outcome[j] != _IN_FLIGHT:
@@ -687,9 +726,11 @@ class Simulator:
             self._call_unserved(j, now)
 
     def _left_replicas(self, j: int) -> None:
-        """A dispatched call finished or was cancelled: free its gateway slot."""
+        """A dispatched call finished or was cancelled: free its gateway slot and the KV
+        blocks the gateway projected for it."""
         assert self.gateway is not None
         self.gateway.release(BANDS[self._call_prio[j]])
+        self.drivers[self._replica[j]].reserved_kv_blocks -= self._projected_kv_blocks(j)
         self._gateway_ended(j)
 
     def _gateway_ended(self, j: int) -> None:

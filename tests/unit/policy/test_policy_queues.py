@@ -327,3 +327,23 @@ def test_time_going_backwards_and_unknown_bands_are_errors() -> None:
         queues.try_pop(4.0, total_slots=1, running={})
     with pytest.raises(ValueError, match="unknown queue band"):
         queues.push(6.0, "x", band="urgent", tenant="a", cost_tokens=1)
+
+
+def test_token_aware_dispatch_holds_the_chosen_request_without_overtaking() -> None:
+    """`fits` refusing the request the order picks dispatches nothing: a small request
+    behind a large one does not overtake it, and the large one goes first once it fits."""
+    queues: PriorityQueues[str] = PriorityQueues(_config())
+    queues.push(0.0, "large", band="interactive", tenant="a", cost_tokens=5000)
+    queues.push(0.1, "small", band="interactive", tenant="a", cost_tokens=10)
+    asked: list[str] = []
+
+    def refuse_large(q: Queued[str]) -> bool:
+        asked.append(q.item)
+        return q.item != "large"
+
+    assert queues.try_pop(1.0, total_slots=10, running={}, fits=refuse_large) is None
+    assert asked == ["large"]
+    assert queues.statistics(1.0).queued_requests == 2
+    first = queues.try_pop(2.0, total_slots=10, running={}, fits=lambda q: True)
+    second = queues.try_pop(2.0, total_slots=10, running={}, fits=lambda q: True)
+    assert (first and first.item, second and second.item) == ("large", "small")

@@ -56,7 +56,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
 
@@ -642,13 +642,21 @@ class PriorityQueues(Generic[T]):
         return {b: self.free_slots(b, total_slots=total_slots, running=running) for b in BANDS}
 
     def try_pop(
-        self, now: float, *, total_slots: int, running: Mapping[str, int]
+        self,
+        now: float,
+        *,
+        total_slots: int,
+        running: Mapping[str, int],
+        fits: Callable[[Queued[T]], bool] | None = None,
     ) -> Queued[T] | None:
         """The next request to dispatch now, or None when nothing may go.
 
         ``running`` counts the requests dispatched and not yet finished, per band; the
         caller adds the returned request to it. Requests past their deadline are set aside
-        for :meth:`expire`, never returned.
+        for :meth:`expire`, never returned. ``fits`` is token-aware dispatch: when the
+        request the order picks does not fit the engine now (``fits`` returns False), it
+        stays at its place and nothing is dispatched: no other request overtakes it, so a
+        large request is delayed, never starved.
         """
         self._touch(now)
         self._check_slots(total_slots)
@@ -678,6 +686,8 @@ class PriorityQueues(Generic[T]):
         if chosen is None:
             return None
         band, entry = chosen
+        if fits is not None and not fits(entry.queued):
+            return None
         self._bands[band].serve(entry)
         queued = entry.queued
         self._band_meters[band].add(now, queued.cost_tokens)

@@ -481,7 +481,9 @@ class Simulator:
             self.events.push(now, BOUNDARY, _BOUNDARY, choice, driver.version)
 
     def _block_hashes(self, j: int) -> list[int]:
-        del j  # prefix groups arrive with the simulated gateway (issue 4)
+        """Prefix-block hashes of call ``j``: none yet. The engine caches by hash, but the
+        compiled workload does not carry a replayed trace's ``hash_ids`` to its calls."""
+        del j
         return []
 
     def _call_finished(self, j: int, now: float, driver: _Driver) -> None:

@@ -207,3 +207,10 @@ def test_retry_budget_ratio_range_and_null() -> None:
         parse_workload(_with("clients", {"retries": {"budget_ratio": 5}}), "w.yaml")
     spec = parse_workload(_with("clients", {"retries": {"budget_ratio": None}}), "w.yaml")
     assert spec.clients.retries.budget_ratio is None
+
+
+def test_trace_rows_are_single_calls() -> None:
+    data = _with("sources.0.arrivals", {"process": "trace", "path": "x.csv"})
+    data["classes"]["chat"]["parallel_branches"] = 3
+    with pytest.raises(WorkloadError, match=r"\$\.sources\[0\]\.mix\.chat: .*parallel_branches 3"):
+        parse_workload(data, "w.yaml")

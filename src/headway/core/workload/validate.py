@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable
 
 from headway.core.errors import WorkloadError
-from headway.core.workload.spec import WorkloadSpec
+from headway.core.workload.spec import TraceReplay, WorkloadSpec
 
 
 def _unknown(kind: str, name: str, known: Iterable[str], path: str, fix: str) -> WorkloadError:
@@ -50,6 +50,16 @@ def validate_workload(spec: WorkloadSpec) -> WorkloadSpec:
                         spec.classes,
                         f"{path}.mix.{ref}",
                         "Define it under `classes`.",
+                    )
+        if isinstance(source.arrivals, TraceReplay) and source.arrivals.lengths == "trace":
+            for ref in source.mix or spec.classes:
+                branches = spec.classes[ref].parallel_branches if ref in spec.classes else 1
+                if branches != 1:
+                    raise WorkloadError(
+                        f"{path}.mix.{ref}: class `{ref}` has parallel_branches {branches}, "
+                        "but each row of a replayed trace is one call; use a class with "
+                        "parallel_branches 1 for this source, or `lengths: class`",
+                        path=f"{path}.mix.{ref}",
                     )
         for tenant in source.tenants or {}:
             if tenant not in spec.tenants:

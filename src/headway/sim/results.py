@@ -107,6 +107,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     events: int
     preemptions: int
     cancelled_calls: int
+    prefix_hit_ratio: float | None
+    """Prompt tokens served from prefix caches / prompt tokens looked up at admission
+    (admissions after a preemption included); None when nothing was looked up."""
 
 
 class Accounting(msgspec.Struct, frozen=True, kw_only=True):
@@ -354,6 +357,11 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             events=out.num_events,
             preemptions=int(c.num_preemptions.sum()),
             cancelled_calls=int(c.cancelled.sum()),
+            prefix_hit_ratio=(
+                out.prefix_hit_tokens / out.prefix_queried_tokens
+                if out.prefix_queried_tokens
+                else None
+            ),
         ),
         accounting=_accounting(out),
     )

@@ -36,7 +36,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from headway.core.engine.kv import chain_block_hashes
+from headway.core.engine.kv import chain_block_hashes, expand_block_hashes
 from headway.core.engine.replica import DecodeRun, ReplicaModel, StepResult
 from headway.core.engine.scheduler import EngineRequest
 from headway.core.policy.admission import AdmissionRequest
@@ -174,6 +174,10 @@ class SimOutcome:
     gateway_preset: str = "fifo-unbounded"
     cancelled_by_patience: int = 0
     """Calls their clients cancelled for want of a first token within ``patience_s``."""
+    prefix_queried_tokens: int = 0
+    """Prompt tokens looked up in the prefix caches at admission, all replicas."""
+    prefix_hit_tokens: int = 0
+    """Of those, tokens served from a cache (not recomputed)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -296,6 +300,7 @@ class Simulator:
         self._call_task = workload.call_task.tolist()
         self._call_in = workload.call_input_tokens.tolist()
         self._call_out = workload.call_output_tokens.tolist()
+        self._call_prefix_row = workload.call_prefix_row.tolist()
         self._call_tool = workload.call_tool_after_s.tolist()
         self._call_prio = workload.task_priority[workload.call_task].tolist()
         self._itl_hist = np.zeros(_ITL_EDGES.size - 1, dtype=np.int64)
@@ -383,6 +388,10 @@ class Simulator:
             replica_num_blocks=self.drivers[0].model.scheduler.pool.num_blocks,
             gateway_preset="fifo-unbounded" if self.gateway is None else "headway-default",
             cancelled_by_patience=self._num_impatient,
+            prefix_queried_tokens=sum(
+                d.model.scheduler.num_prefix_queried_tokens for d in self.drivers
+            ),
+            prefix_hit_tokens=sum(d.model.scheduler.num_prefix_hit_tokens for d in self.drivers),
         )
 
     def _call_records(self) -> CallRecords:
@@ -481,10 +490,19 @@ class Simulator:
             self.events.push(now, BOUNDARY, _BOUNDARY, choice, driver.version)
 
     def _block_hashes(self, j: int) -> list[int]:
-        """Prefix-block hashes of call ``j``: none yet. The engine caches by hash, but the
-        compiled workload does not carry a replayed trace's ``hash_ids`` to its calls."""
-        del j
-        return []
+        """Prefix-block hashes of call ``j`` at the engine's block size: from its replayed
+        trace row's ``hash_ids`` (Mooncake), so calls sharing a prefix share KV blocks;
+        none for calls without them (their blocks get request-unique hashes)."""
+        row = self._call_prefix_row[j]
+        if row < 0:
+            return []
+        ids, block_tokens = self.w.prefix_hash_ids[row]
+        return expand_block_hashes(
+            ids.tolist(),
+            self._call_in[j],
+            block_size=self._block_size,
+            source_block_tokens=block_tokens,
+        )
 
     def _call_finished(self, j: int, now: float, driver: _Driver) -> None:
         self._finish_s[j] = now

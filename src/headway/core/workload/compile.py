@@ -91,6 +91,11 @@ class CompiledWorkload:
     call_tool_after_s: FloatArray
     """Tool time after the call's step, before the next step (0 after the last)."""
     call_route: IntArray
+    call_prefix_row: IntArray
+    """Per call: index into :attr:`prefix_hash_ids` (-1: the call carries no prefix ids)."""
+    prefix_hash_ids: tuple[tuple[IntArray, int], ...] = ()
+    """Prefix-block ids of replayed trace rows (Mooncake ``hash_ids``) and the tokens each
+    id covers; the engine maps them to its own blocks (``kv.expand_block_hashes``)."""
 
     @property
     def num_tasks(self) -> int:
@@ -150,6 +155,10 @@ class _SourceTasks:
     branch: IntArray
     tool_after_s: FloatArray
     route: IntArray
+    trace_row: IntArray
+    """Per call: the row of the replayed trace it came from (-1: not from a trace)."""
+    prefix_hash_ids: tuple[tuple[IntArray, int], ...] = ()
+    """The replayed trace's prefix-block ids and their block size in tokens, by row."""
 
 
 def _shares(names: tuple[str, ...], shares: Mapping[str, float]) -> FloatArray:
@@ -296,9 +305,12 @@ def _source_tasks(
             spec, source, cls_name, idx.size, seed, tokens
         )
         num_steps[idx], num_calls[idx] = steps, calls
-        per_class[ci] = (inp, out, step, branch)
+        row = np.full(int(calls.sum()), -1, dtype=np.int64)
+        if tokens is not None and trace_rows is not None:
+            row = trace_rows[idx]  # one call per task (validated: no branches)
+        per_class[ci] = (inp, out, step, branch, row)
         tools[ci] = tool_after
-    return _assemble(
+    assembled = _assemble(
         spec,
         arrival_s,
         task_class,
@@ -310,6 +322,12 @@ def _source_tasks(
         class_names,
         route_names,
     )
+    if use_trace_tokens and trace is not None and trace.hash_ids is not None:
+        block_tokens = trace.hash_block_tokens or 512
+        assembled.prefix_hash_ids = tuple((ids, block_tokens) for ids in trace.hash_ids)
+    else:
+        assembled.trace_row[:] = -1
+    return assembled
 
 
 def _trace_tenants(
@@ -345,6 +363,7 @@ def _assemble(
     total = int(num_calls.sum())
     owner, _ = _call_layout(num_calls)
     cols = [np.zeros(total, dtype=np.int64) for _ in range(4)]
+    cols.append(np.full(total, -1, dtype=np.int64))
     tool_after = np.zeros(total)
     route = np.zeros(total, dtype=np.int64)
     call_class = task_class[owner]
@@ -355,7 +374,7 @@ def _assemble(
         tool_after[where] = tools[ci]
         route_name = spec.classes[class_names[ci]].route or route_names[0]
         route[where] = route_names.index(route_name)
-    inp, out, step, branch = cols
+    inp, out, step, branch, trace_row = cols
     return _SourceTasks(
         arrival_s,
         task_class,
@@ -368,6 +387,7 @@ def _assemble(
         branch,
         tool_after,
         route,
+        trace_row,
     )
 
 
@@ -421,6 +441,9 @@ def compile_workload(
         gathered: npt.NDArray[np.generic] = column[gather]
         return gathered
 
+    offsets = np.cumsum([0] + [len(p.prefix_hash_ids) for p in parts[:-1]])
+    for part, offset in zip(parts, offsets.tolist(), strict=True):
+        part.trace_row[part.trace_row >= 0] += offset
     task_class = cat_tasks("task_class")
     priority_index = np.array(
         [PRIORITIES.index(spec.classes[c].priority) for c in class_names], dtype=np.int64
@@ -448,4 +471,6 @@ def compile_workload(
         call_output_tokens=cat_calls("output_tokens").astype(np.int64),
         call_tool_after_s=cat_calls("tool_after_s").astype(np.float64),
         call_route=cat_calls("route").astype(np.int64),
+        call_prefix_row=cat_calls("trace_row").astype(np.int64),
+        prefix_hash_ids=tuple(ids for p in parts for ids in p.prefix_hash_ids),
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from engine_configs import CONFIGS
 from headway.core.engine.kv import chain_block_hashes
 from headway.core.engine.replica import ReplicaModel
 from headway.core.engine.scheduler import EngineRequest, SchedulerConfig
@@ -112,20 +113,6 @@ def replay(
         now = result.end_s
     replica.check_invariants()
     return trace, replica
-
-
-CONFIGS = [
-    (SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512), 400),
-    (SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=256), 90),  # KV-bound: preempts
-    (SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, policy="priority"), 120),
-    (SchedulerConfig(max_num_seqs=8, block_size=4, long_prefill_token_threshold=128), 500),
-    (SchedulerConfig(max_num_seqs=64, watermark=0.05, reserve_full_isl=True), 100),
-    (
-        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024, enable_chunked_prefill=False),
-        150,
-    ),
-    (SchedulerConfig(max_num_seqs=16, enable_prefix_caching=False), 60),
-]
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import gzip
 import itertools
-import os
 import time
 from pathlib import Path
 
@@ -26,21 +25,14 @@ from headway.core.engine.roofline import (
 from headway.core.engine.steptime import BatchShape, StepTimeModel, prefill_pairs
 from headway.core.errors import ConfigError
 from headway.data import load_efficiency_table
-
-ROOT = Path(__file__).resolve().parents[2]
-CALIBRATION = ROOT.parent / "shared" / "traces" / "calibration"
+from shared_data import CALIBRATION, require_shared
 
 TABLE = load_efficiency_table()
 
 
 def _calibration_dir() -> Path:
     """The shared calibration data: FAIL under CI when missing, skip otherwise."""
-    if not CALIBRATION.is_dir():
-        message = f"{CALIBRATION} is missing (the shared data sits beside the repository)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return CALIBRATION
+    return require_shared(CALIBRATION)
 
 
 def _step(model: str, gpu: str, tp: int = 1, **kwargs: float) -> RooflineStepTime:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from engine_configs import CONFIGS
 from headway.core.engine.kv import BlockPool, chain_block_hashes
 from headway.core.engine.replica import ReplicaModel, StepResult, decode_run_duration_s
 from headway.core.engine.scheduler import EngineRequest, SchedulerConfig
@@ -261,20 +262,6 @@ def pool_state(replica: ReplicaModel) -> tuple[object, ...]:
         [pool.block_hash(b) for b in blocks],
         pool.num_evictions,
     )
-
-
-CONFIGS = [
-    (SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512), 400),
-    (SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=256), 90),  # KV-bound: preempts
-    (SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, policy="priority"), 120),
-    (SchedulerConfig(max_num_seqs=8, block_size=4, long_prefill_token_threshold=128), 500),
-    (SchedulerConfig(max_num_seqs=64, watermark=0.05, reserve_full_isl=True), 100),
-    (
-        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024, enable_chunked_prefill=False),
-        150,
-    ),
-    (SchedulerConfig(max_num_seqs=16, enable_prefix_caching=False), 60),
-]
 
 
 @pytest.mark.parametrize("skip", [False, True])

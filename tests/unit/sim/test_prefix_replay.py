@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from headway.core.workload.compile import compile_workload
 from headway.files.workload import parse_workload
@@ -14,17 +12,11 @@ from headway.sim.cluster import ClusterSpec
 from headway.sim.run import simulate_compiled
 from headway.sim.simulator import SimOptions
 from headway.trace.readers import read_trace
-
-TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
+from shared_data import TRACES, require_shared
 
 
 def _mooncake() -> Path:
-    path = TRACES / "mooncake_fast25_synthetic_trace.jsonl.gz"
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing")
-        pytest.skip(f"{path} is missing")
-    return path
+    return require_shared(TRACES / "mooncake_fast25_synthetic_trace.jsonl.gz")
 
 
 def _workload(lengths: str = "trace") -> dict[str, object]:

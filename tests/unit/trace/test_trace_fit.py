@@ -14,18 +14,11 @@ from headway.core.workload.compile import compile_workload
 from headway.files.workload import load_workload
 from headway.trace.readers import read_trace
 from headway.trace.stats import trace_stats
-
-TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
+from shared_data import TRACES, require_shared
 
 
 def _traces() -> Path:
-    import os
-
-    if not TRACES.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{TRACES} is missing")
-        pytest.skip(f"{TRACES} is missing")
-    return TRACES
+    return require_shared(TRACES)
 
 
 def _as_trace(path: Path) -> TraceData:

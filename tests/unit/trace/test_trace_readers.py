@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +15,9 @@ from headway.trace.readers import (
     read_mooncake_jsonl,
     read_trace,
 )
+from shared_data import TRACES, require_shared
 
-ROOT = Path(__file__).resolve().parents[3]
-TRACES_DIR = ROOT.parent / "shared" / "traces"
+TRACES_DIR = TRACES
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
 
@@ -31,11 +30,7 @@ def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
 
 
 def _shared_traces() -> Path:
-    if TRACES_DIR.is_dir():
-        return TRACES_DIR
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{TRACES_DIR} is missing; CI must provide shared/traces beside the clone")
-    pytest.skip(f"{TRACES_DIR} is not here")
+    return require_shared(TRACES_DIR)
 
 
 # --- Azure -----------------------------------------------------------------------------------

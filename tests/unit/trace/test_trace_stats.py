@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,9 @@ from headway.core.errors import TraceError
 from headway.core.trace_data import TraceData
 from headway.trace.readers import read_trace
 from headway.trace.stats import format_timestamp_label, trace_stats
+from shared_data import TRACES, require_shared
 
-ROOT = Path(__file__).resolve().parents[3]
-TRACES_DIR = ROOT.parent / "shared" / "traces"
+TRACES_DIR = TRACES
 
 # trace_stats.json name -> shipped file (TraceData.name drops a trailing "_trace", as the
 # json does).
@@ -42,11 +41,8 @@ NEAR_ZERO_KEYS = {
 
 
 def _traces_dir() -> Path:
-    if (TRACES_DIR / "trace_stats.json").is_file():
-        return TRACES_DIR
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{TRACES_DIR} is missing; CI must provide shared/traces beside the clone")
-    pytest.skip(f"{TRACES_DIR} is not here")
+    require_shared(TRACES_DIR / "trace_stats.json")
+    return TRACES_DIR
 
 
 @functools.cache

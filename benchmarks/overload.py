@@ -9,9 +9,11 @@ examples/clusters/overload.yaml:
 2. goodput at the knee and at 3× the knee under ``fifo-unbounded`` and
    ``headway-default`` (``goodput_ratio_*`` = goodput at 3× / goodput at the knee), the
    critical class's attainment at 3×, and the shed reasons;
-3. retries in a saturation run (5× the knee, ``headway-default``): the retry
-   amplification (attempts / offered calls) and, of the calls retried at least once, the
-   fraction that completed on their first retry (``attempts == 2``);
+3. retries: in a saturation run (5× the knee, ``headway-default``), of the calls retried
+   at least once after a shed, the fraction that completed on their first retry
+   (``attempts == 2``); and a retry storm (clients time out attempts and retry, 3× the
+   knee, no gateway): the retry amplification (attempts / offered calls) without and
+   with the clients' retry budget;
 4. a flooding tenant: at the knee, ``globex`` sends 10× its share; the other interactive
    tenants' TTFT p99 with and without the flood, under both presets;
 5. memory pressure: a replica with few KV blocks, preemptions without admission
@@ -36,7 +38,13 @@ import numpy as np
 from headway.core.policy.admission import AdmissionConfig, TenantLimits
 from headway.core.workload.compile import compile_workload
 from headway.core.workload.scale import scale_workload
-from headway.core.workload.spec import Lognormal, PoissonArrivals, Source, WorkloadSpec
+from headway.core.workload.spec import (
+    Lognormal,
+    PoissonArrivals,
+    Retries,
+    Source,
+    WorkloadSpec,
+)
 from headway.files.workload import load_workload
 from headway.sim.cluster import ClusterSpec
 from headway.sim.commands import load_cluster
@@ -55,6 +63,8 @@ FLOOD_TENANT = "globex"
 FLOOD_FACTOR = 10.0
 SATURATION = 5.0
 """Load, in knees, of the saturation run whose retries are measured."""
+STORM_TIMEOUT_S = 5.0
+"""The clients' per-attempt timeout in the retry storm: past the chat TTFT SLO (3 s)."""
 BUDGETED = "hw+tenant-budget"
 """The supplementary configuration of the flood scenario: headway-default with
 per-tenant token budgets."""
@@ -182,9 +192,8 @@ def main() -> None:
         f"(accounting balanced: {over.accounting.balanced})"
     )
 
-    # 3. Retries in a saturation run: most sheds at 3× are "no slack" refusals (the
-    # service alone needs more than the time left), which no client retries; at
-    # SATURATION× the knee the queues fill and the clients retry.
+    # 3a. Retry-After in a saturation run: of the calls a client retried after a shed
+    # (honouring the computed Retry-After), the fraction completed on the first retry.
     def retry_figures(label: str, outcome: SimOutcome, result: SimResult) -> float | None:
         calls = outcome.calls
         retried = calls.attempts >= 2
@@ -210,31 +219,43 @@ def main() -> None:
     first_retry_success = retry_figures(
         f"retries at {SATURATION:.0f}× (headway-default, the saturation run)", sat_records, sat
     )
-    amplification_budget = sat.accounting.amplification
-    no_budget_spec = R(
-        spec, clients=R(spec.clients, retries=R(spec.clients.retries, budget_ratio=None))
-    )
-    sat_nb, sat_nb_records = run(
-        no_budget_spec, with_preset(base, "headway-default"), SATURATION * kf
-    )
-    retry_figures(
-        f"retries at {SATURATION:.0f}× without a retry budget (clients.retries.budget_ratio: null)",
-        sat_nb_records,
-        sat_nb,
-    )
-    amplification_no_budget = sat_nb.accounting.amplification
     notes.append(
-        "retry_amplification_no_budget: the same saturation run with the clients' retry budget "
-        "turned off (clients.retries.budget_ratio: null); amplification = attempts / offered "
-        "calls, bounded by clients.retries.max_attempts "
-        f"({spec.clients.retries.max_attempts})."
+        f"first_retry_success: the saturation run at {SATURATION:.0f}× the knee under "
+        "headway-default: of the calls retried after a shed, those completed on attempt 2 "
+        "(SLO met or not). Clients wait max(jittered backoff, Retry-After) and present the "
+        "shed's retry ticket, which queues them at the front of their tenant's line."
     )
+
+    # 3b. A retry storm: clients time out an attempt with no first token after
+    # STORM_TIMEOUT_S and retry it, at 3× the knee with no gateway (waits grow past every
+    # timeout), without and with the clients' retry budget.
+    def storm(budget_ratio: float | None, preset: str) -> SimResult:
+        retries = R(spec.clients.retries, timeout_s=STORM_TIMEOUT_S, budget_ratio=budget_ratio)
+        storm_spec = R(spec, clients=R(spec.clients, retries=retries))
+        result, _ = run(storm_spec, with_preset(base, preset), OVERLOAD * kf)
+        a = result.accounting
+        print(
+            f"storm ({preset}, budget {budget_ratio}): amplification {a.amplification:.3f} "
+            f"({a.attempts} attempts for {a.offered_calls} calls), timed out {a.timed_out}, "
+            f"goodput/s {result.slo.goodput_per_s:.2f}"
+        )
+        return result
+
+    print(
+        f"\nretry storm: clients time out after {STORM_TIMEOUT_S:g} s without a token and "
+        f"retry (max_attempts {spec.clients.retries.max_attempts}), {OVERLOAD:.0f}× the knee"
+    )
+    amplification_no_budget = storm(None, "fifo-unbounded").accounting.amplification
+    default_ratio = Retries().budget_ratio
+    amplification_budget = storm(default_ratio, "fifo-unbounded").accounting.amplification
+    storm(None, "headway-default")
+    storm(default_ratio, "headway-default")
     notes.append(
-        f"retry_amplification_budget and first_retry_success: from the saturation run at "
-        f"{SATURATION:.0f}× the knee under headway-default (retries happen only after a "
-        "shed, so fifo-unbounded is always 1.0). first_retry_success counts a completed "
-        "call with attempts == 2, SLO met or not; clients honour the computed Retry-After "
-        "and also back off with full jitter: a retry waits max(jittered backoff, Retry-After)."
+        "retry_amplification_*: attempts / offered calls in the retry storm (clients."
+        f"retries.timeout_s = {STORM_TIMEOUT_S:g} s, fifo-unbounded, {OVERLOAD:.0f}× the "
+        "knee), without a budget (budget_ratio: null) and with the default budget "
+        f"(budget_ratio: {default_ratio}). Under headway-default the gateway sheds before "
+        "waits reach the timeout, so the storm does not start (printed above)."
     )
 
     # 4. A tenant sending 10× its share, at the knee.

@@ -46,6 +46,7 @@ SECTIONS: tuple[type[msgspec.Struct], ...] = (
     spec_types.ReplicaCapacity,
     spec_types.Clients,
     spec_types.Retries,
+    spec_types.Service,
     spec_types.Planning,
     spec_types.Autoscaling,
 )

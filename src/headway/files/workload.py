@@ -161,6 +161,7 @@ _NAMED_SECTIONS: dict[str, type[msgspec.Struct]] = {
     "classes": TaskClass,
     "tenants": spec_types.Tenant,
     "routes": spec_types.Route,
+    "services": spec_types.Service,
 }
 
 

@@ -17,10 +17,12 @@ model (or a measured profile) and a KV pool sized from GPU memory.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from headway.calibrate.profile import read_profile
 from headway.core.engine.capacity import kv_capacity_tokens
 from headway.core.engine.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from headway.core.engine.replica import ReplicaModel
@@ -29,6 +31,7 @@ from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
 from headway.core.errors import ConfigError
 from headway.core.policy.routing import RouterKind
+from headway.sim.faults import Fault
 from headway.sim.gateway import GatewayConfig
 
 
@@ -77,7 +80,9 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Predict step times from the roofline, or from a measured ``profile``."""
 
     profile: AffineStepTime | None = None
-    """A measured step-time profile (``headway calibrate`` writes one)."""
+    """A measured step-time profile: inline coefficients, or in the file the path to a
+    profile that ``headway calibrate`` wrote (relative to the cluster file; it implies
+    ``step_time: profile``)."""
 
     disaggregation: Disaggregation | None = None
     """Separate prefill and decode pools (not yet simulated; rejected for now)."""
@@ -85,6 +90,10 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gateway: GatewayConfig = GatewayConfig()
     """What stands between the task calls and the router: ``fifo-unbounded`` (nothing;
     engines queue everything) or ``headway-default`` (admission, queues, shedding)."""
+
+    faults: list[Fault] = msgspec.field(default_factory=list)
+    """Faults injected during the run (:mod:`headway.sim.faults`): replicas lost, caches
+    flushed, steps slowed down."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -104,7 +113,7 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
 
 
-def _resolve(spec: ClusterSpec) -> tuple[ModelSpec, GpuSpec]:
+def resolve_model_gpu(spec: ClusterSpec) -> tuple[ModelSpec, GpuSpec]:
     return get_model(spec.model), get_gpu(spec.gpu)
 
 
@@ -112,7 +121,7 @@ def num_kv_blocks(spec: ClusterSpec) -> int:
     """KV blocks per replica: the override, or memory × utilization − weights − reserve."""
     if spec.num_kv_blocks is not None:
         return spec.num_kv_blocks
-    model, gpu = _resolve(spec)
+    model, gpu = resolve_model_gpu(spec)
     tokens = kv_capacity_tokens(
         model,
         gpu,
@@ -135,7 +144,7 @@ def step_time_model(spec: ClusterSpec, efficiency: EfficiencyTable) -> StepTimeM
     """The step-time model the cluster's replicas use."""
     if spec.step_time == "profile" and spec.profile is not None:
         return spec.profile
-    model, gpu = _resolve(spec)
+    model, gpu = resolve_model_gpu(spec)
     return RooflineStepTime(
         model=model,
         gpu=gpu,
@@ -149,10 +158,24 @@ def build_replica(spec: ClusterSpec, step_time: StepTimeModel) -> ReplicaModel:
     return ReplicaModel(spec.engine, num_kv_blocks(spec), step_time)
 
 
+def _with_profile_file(data: dict[str, object], source: str) -> dict[str, object]:
+    """``profile: FILE`` (relative to the cluster file): the file's ``step_time``, and
+    ``step_time: profile`` unless the cluster says otherwise."""
+    raw = str(data["profile"])
+    path = Path(raw)
+    if not path.is_absolute() and not source.startswith("<"):
+        path = Path(source).parent / path
+    profile = read_profile(path)
+    return {"step_time": "profile", **data, "profile": msgspec.to_builtins(profile.step_time)}
+
+
 def parse_cluster(data: object, source: str = "<cluster>") -> ClusterSpec:
-    """Validate already-parsed data as a cluster; errors name the key path."""
+    """Validate already-parsed data as a cluster; errors name the key path. ``profile``
+    may name a profile file that ``headway calibrate`` wrote."""
     if data is None:
         data = {}
+    if isinstance(data, dict) and isinstance(data.get("profile"), str):
+        data = _with_profile_file(data, source)
     try:
         return msgspec.convert(data, ClusterSpec)
     except msgspec.ValidationError as error:

@@ -22,6 +22,7 @@ the engine, where no deadline or priority can reach it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -58,14 +59,32 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Override the queue settings of ``headway-default`` (None: the defaults)."""
 
     slots_per_replica: int | None = None
-    """Calls the gateway keeps dispatched per replica at once (None: the engine's
-    ``max_num_seqs``, what a replica can run together)."""
+    """Calls the gateway keeps dispatched per replica at once (None: from the SLO, the
+    largest batch whose steady-state step keeps the tightest ``tpot_s`` objective, at
+    most the engine's ``max_num_seqs``; see :mod:`headway.sim.presets`)."""
+
+    tenant_budgets: Literal["shares", "none"] = "shares"
+    """``shares``: each tenant with a positive ``share`` in the workload gets a token
+    budget of its share of the cluster's planned capacity
+    (:func:`~headway.core.policy.budgets.share_budgets`), unless ``admission.tenants``
+    names budgets itself; ``none``: no tenant budgets beyond ``admission``'s."""
+
+    capacity_tokens_per_s: float | None = None
+    """The planned capacity the ``shares`` budgets divide, in charged tokens (prompt plus
+    planned output) per second (None: the replicas' saturation throughput for the
+    workload's mean call, from the engine model, times its ``planning.planning_factor``)."""
 
     def __post_init__(self) -> None:
         if self.slots_per_replica is not None and self.slots_per_replica < 1:
             raise ValueError(
                 f"`slots_per_replica` must be >= 1 (got {self.slots_per_replica}); "
                 "omit it to use the engine's max_num_seqs"
+            )
+        capacity = self.capacity_tokens_per_s
+        if capacity is not None and not (math.isfinite(capacity) and capacity > 0):
+            raise ValueError(
+                f"`capacity_tokens_per_s` must be a positive number (got {capacity}); omit "
+                "it to plan the capacity from the engine model"
             )
 
 
@@ -144,6 +163,7 @@ class SimGateway:
                 cost_tokens=request.cost_tokens,
                 deadline_s=request.deadline_s,
                 max_retry_after_s=self.admission.config.max_retry_after_s,
+                front=decision.front,
             )
             if refused is not None:
                 return refused

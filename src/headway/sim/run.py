@@ -11,6 +11,7 @@ from headway.core.workload.spec import WorkloadSpec
 from headway.data import load_efficiency_table
 from headway.sim.cluster import ClusterSpec, build_replica, step_time_model
 from headway.sim.gateway import SimGateway
+from headway.sim.presets import resolve_gateway
 from headway.sim.results import SimResult, build_result
 from headway.sim.simulator import SimOptions, SimOutcome, Simulator
 
@@ -24,7 +25,7 @@ def simulate_compiled(
     gateway = None
     if cluster.gateway.preset == "headway-default":
         gateway = SimGateway(
-            cluster.gateway,
+            resolve_gateway(workload, cluster, step_time),
             num_replicas=cluster.replicas,
             max_num_seqs=cluster.engine.max_num_seqs,
             block_size=cluster.engine.block_size,

@@ -66,6 +66,11 @@ _SAMPLE = 3
 _GATEWAY_EXPIRY = 4  # a queued call's deadline: the gateway expires what is past it
 _RETRY = 5  # a: call; its client offers it again after a shed
 _PATIENCE = 6  # a: call; its client's patience runs out (cancel if no token yet)
+_ATTEMPT_TIMEOUT = 7  # a: call, b: attempt; the client's per-attempt timeout fires
+
+_ATTEMPT_CODES = 128
+"""A queued gateway item is ``call * _ATTEMPT_CODES + attempt`` (``max_attempts`` <= 100),
+so that an entry left behind by an abandoned attempt is told from its retry's."""
 
 # Random streams (with the workload's seed) of the clients' draws.
 _PATIENCE_STREAM, _RETRY_STREAM = 101, 102
@@ -284,6 +289,7 @@ class Simulator:
         if patience is not None:
             rng = np.random.default_rng([workload.seed, _PATIENCE_STREAM])
             self._patience_s = sample(patience, n, rng).tolist()
+        self._init_clients(workload)
         self.task_finish_s = np.full(workload.num_tasks, np.nan)
         # Per task: index of the current step, calls of it still running.
         self._task_step = [0] * workload.num_tasks
@@ -366,9 +372,14 @@ class Simulator:
                 self._pump(now)
             elif kind == _RETRY:
                 if self._outcome[a] == _IN_FLIGHT:  # not cancelled while it backed off
-                    self._offer(a, now)
+                    if self.gateway is None:
+                        self._dispatch_call(a, now)
+                    else:
+                        self._offer(a, now)
             elif kind == _PATIENCE:
                 self._patience_over(a, now)
+            elif kind == _ATTEMPT_TIMEOUT:
+                self._attempt_timed_out(a, b, now)
         self._flush_itl()
         self._settle_output_tokens()
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
@@ -431,13 +442,21 @@ class Simulator:
                 self._offer(j, now)
 
     def _dispatch_call(self, j: int, now: float) -> None:
-        """Without a gateway: the call is offered and dispatched at once."""
+        """Without a gateway: the attempt is offered and dispatched at once."""
+        self._attempts[j] += 1
+        if self._attempts[j] == 1:
+            self._first_attempt(j, now)
+        self._start_attempt_timer(j, now)
+        self._send(j, self._route(j, now), now)
+
+    def _first_attempt(self, j: int, now: float) -> None:
+        """Call ``j`` is offered for the first time: it is in flight, its client counts
+        one original request against the retry budget, and its patience starts."""
         self._arrival_s[j] = now
         self._outcome[j] = _IN_FLIGHT
-        self._attempts[j] = 1
+        self._retry_policy.record_request(now)
         if self._patience_s is not None:
             self.events.push(now + self._patience_s[j], DISPATCH, _PATIENCE, j)
-        self._send(j, self._route(j, now), now)
 
     def _route(self, j: int, now: float) -> int:
         """The replica the router picks for call ``j`` at ``now``."""
@@ -546,11 +565,19 @@ class Simulator:
         """Cancel live call ``j`` wherever it is: in a replica (aborted, its KV blocks
         freed at once), queued at the gateway (it leaves when it reaches the head), or
         waiting to retry. False when its replica had already finished it."""
+        if not self._withdraw(j, now):
+            return False
+        self._cancelled[j] = True
+        self._outcome[j] = _CANCELLED
+        self._finish_s[j] = now
+        return True
+
+    def _withdraw(self, j: int, now: float) -> bool:
+        """Take live call ``j``'s current attempt out of wherever it is (a replica, the
+        gateway's queues, or nowhere while it backs off); False when its replica had
+        already finished it."""
         replica = self._replica[j]
         if replica < 0:
-            self._outcome[j] = _CANCELLED
-            self._cancelled[j] = True
-            self._finish_s[j] = now
             if j in self._queued:
                 self._queued.discard(j)
                 self._gateway_ended(j)
@@ -561,9 +588,6 @@ class Simulator:
         if req is None or not driver.model.abort(j):
             return False
         self._num_output_tokens[j] = req.num_output_tokens
-        self._cancelled[j] = True
-        self._outcome[j] = _CANCELLED
-        self._finish_s[j] = now
         driver.outstanding_requests -= 1
         self._outstanding[replica] -= 1
         driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
@@ -587,13 +611,9 @@ class Simulator:
     def _init_gateway(self, workload: CompiledWorkload) -> None:
         """Per-call inputs of admission: tenant, band, deadline budgets, p95 output."""
         spec = workload.spec
-        slos = [spec.classes[c].slo for c in workload.class_names]
         self._call_tenant = [
             workload.tenant_names[t] for t in workload.task_tenant[workload.call_task].tolist()
         ]
-        self._task_arrival = workload.task_arrival_s.tolist()
-        self._class_e2e_s = [s.e2e_s for s in slos]
-        self._class_task_deadline_s = [s.task_deadline_s for s in slos]
         call_class = workload.task_class[workload.call_task]
         outputs = workload.call_output_tokens
         self._class_p95_output = [
@@ -603,6 +623,13 @@ class Simulator:
         self._class_max_tokens = [spec.classes[c].max_tokens for c in workload.class_names]
         self._prefill_tokens_per_s: float | None = None
         self._tpot_s: float | None = None
+        self._ticket: dict[int, int] = {}
+        """Per call: the retry ticket of its last shed, presented with its next retry."""
+
+    def _init_clients(self, workload: CompiledWorkload) -> None:
+        """The clients' retry policy (the workload's ``clients.retries`` and its budget),
+        per-attempt timeout and the per-class inputs of deadlines and retries."""
+        spec = workload.spec
         retries = spec.clients.retries
         self._retry_policy = RetryPolicy(
             RetryConfig(
@@ -612,13 +639,55 @@ class Simulator:
                 jitter=retries.jitter,
                 honour_retry_after=retries.honour_retry_after,
                 budget=retries.budget_ratio is not None,
-                budget_ratio=0.2 if retries.budget_ratio is None else retries.budget_ratio,
+                budget_ratio=0.1 if retries.budget_ratio is None else retries.budget_ratio,
                 budget_window_s=retries.budget_window_s,
             )
         )
-        """The clients' retries of shed calls (the workload's ``clients.retries`` and its
-        retry budget)."""
         self._retry_rng = np.random.default_rng([workload.seed, _RETRY_STREAM])
+        self._attempt_timeout_s = retries.timeout_s
+        classes = [spec.classes[c] for c in workload.class_names]
+        self._class_idempotent = [c.idempotent for c in classes]
+        self._task_arrival = workload.task_arrival_s.tolist()
+        self._class_e2e_s = [c.slo.e2e_s for c in classes]
+        self._class_task_deadline_s = [c.slo.task_deadline_s for c in classes]
+
+    def _start_attempt_timer(self, j: int, now: float) -> None:
+        """The client's per-attempt timeout for the attempt of call ``j`` sent at ``now``."""
+        if self._attempt_timeout_s is not None:
+            self.events.push(
+                now + self._attempt_timeout_s, DISPATCH, _ATTEMPT_TIMEOUT, j, self._attempts[j]
+            )
+
+    def _attempt_timed_out(self, j: int, attempt: int, now: float) -> None:
+        """The client's timeout for attempt ``attempt`` of call ``j`` fires: with no first
+        token yet, the client abandons the attempt (cancelled where it is) and retries it
+        under its retry policy, or gives up (``timed_out``)."""
+        if (
+            self._outcome[j] != _IN_FLIGHT
+            or self._attempts[j] != attempt
+            or self._first_token_s[j] <= now
+        ):
+            return
+        if not self._withdraw(j, now):
+            return
+        self._replica[j] = -1
+        self._admitted_s[j] = math.nan
+        self._dispatch_s[j] = math.nan
+        if self.gateway is not None:
+            self._pump(now)
+        deadline_s, renews = self._deadline(j, now)
+        outcome = AttemptOutcome(
+            kind=FailureKind.TIMEOUT,
+            idempotent=self._class_idempotent[self._task_class[self._call_task[j]]],
+            deadline_s=None if renews else deadline_s,
+        )
+        retry = self._retry_policy.next_attempt(now, attempt, outcome, None, self._retry_rng)
+        if isinstance(retry, RetryAfter):
+            self.events.push(now + retry.delay_s, DISPATCH, _RETRY, j)
+            return
+        self._outcome[j] = _TIMED_OUT
+        self._finish_s[j] = now
+        self._call_unserved(j, now)
 
     def _deadline(self, j: int, now: float) -> tuple[float | None, bool]:
         """The call's absolute deadline and whether a retry renews it: the earlier of its
@@ -641,11 +710,7 @@ class Simulator:
         assert gateway is not None
         self._attempts[j] += 1
         if self._attempts[j] == 1:
-            self._arrival_s[j] = now
-            self._outcome[j] = _IN_FLIGHT
-            self._retry_policy.record_request(now)
-            if self._patience_s is not None:
-                self.events.push(now + self._patience_s[j], DISPATCH, _PATIENCE, j)
+            self._first_attempt(j, now)
         choice = self._route(j, now)
         driver = self.drivers[choice]
         self._materialize(driver, now)
@@ -660,6 +725,7 @@ class Simulator:
             priority=BANDS[self._call_prio[j]],
             deadline_s=deadline_s,
             deadline_renews_on_retry=renews,
+            ticket=self._ticket.get(j),
         )
         load = gateway.snapshot(
             now,
@@ -668,20 +734,26 @@ class Simulator:
             prefill_tokens_per_s=self._prefill_tokens_per_s,
             tpot_s=self._tpot_s,
         )
-        decision = gateway.offer(now, j, request, load)
+        decision = gateway.offer(now, j * _ATTEMPT_CODES + self._attempts[j], request, load)
         if isinstance(decision, Admit):
             gateway.dispatched(request.priority)
+            self._start_attempt_timer(j, now)
             self._send(j, choice, now)
         elif isinstance(decision, Enqueue):
             self._queued.add(j)
+            self._start_attempt_timer(j, now)
             if deadline_s is not None:
                 self.events.push(deadline_s, DISPATCH, _GATEWAY_EXPIRY)
             self._pump(now)
         else:
             retry_after_s = decision.retry_after_s
             self._retry_after_s[j] = math.nan if retry_after_s is None else retry_after_s
+            if decision.ticket is not None:
+                self._ticket[j] = decision.ticket
             attempt = AttemptOutcome(
-                kind=FailureKind.REFUSED, deadline_s=None if renews else deadline_s
+                kind=FailureKind.REFUSED,
+                idempotent=self._class_idempotent[k],
+                deadline_s=None if renews else deadline_s,
             )
             retry = self._retry_policy.next_attempt(
                 now, self._attempts[j], attempt, retry_after_s, self._retry_rng
@@ -719,9 +791,9 @@ class Simulator:
         chosen: list[int] = []
 
         def fits(queued: Queued[int]) -> bool:
-            j = queued.item
-            if self._outcome[j] != _IN_FLIGHT:
-                return True  # cancelled while it waited: pop it to drop it
+            j = self._live_queued(queued.item)
+            if j < 0:
+                return True  # cancelled or abandoned while it waited: pop it to drop it
             choice = self._route(j, now)
             chosen.append(choice)
             driver = self.drivers[choice]
@@ -730,20 +802,28 @@ class Simulator:
             ) <= self._unpromised_kv_blocks(driver)
 
         while (got := gateway.pop(now, fits)) is not None:
-            j = got.item
-            if self._outcome[j] != _IN_FLIGHT:  # cancelled while it waited
+            j = self._live_queued(got.item)
+            if j < 0:  # cancelled or abandoned while it waited
                 gateway.release(got.band)
                 continue
             self._queued.discard(j)
             self._send(j, chosen[-1], now)
         for gone in gateway.expire(now):
-            j = gone.item
-            if self._outcome[j] != _IN_FLIGHT:
+            j = self._live_queued(gone.item)
+            if j < 0:
                 continue
             self._queued.discard(j)
             self._outcome[j] = _TIMED_OUT
             self._gateway_ended(j)
             self._call_unserved(j, now)
+
+    def _live_queued(self, item: int) -> int:
+        """The call of a gateway queue item, or -1 when the attempt it queued is over
+        (the call was cancelled, or its client abandoned that attempt)."""
+        j, attempt = divmod(item, _ATTEMPT_CODES)
+        if self._outcome[j] != _IN_FLIGHT or self._attempts[j] != attempt or j not in self._queued:
+            return -1
+        return j
 
     def _left_replicas(self, j: int) -> None:
         """A dispatched call finished or was cancelled: free its gateway slot and the KV

@@ -49,13 +49,17 @@ def test_shed_calls_are_retried_after_retry_after_within_the_budget() -> None:
     assert acc.balanced and acc.offered_calls == w.num_calls
     assert once.accounting.amplification == 1.0
     # Retries happened, each a new attempt of the same call, at most max_attempts each.
-    assert c.attempts.max() == 3 and c.attempts.min() == 1
+    assert c.attempts.max() <= 3 and c.attempts.min() == 1
     assert acc.attempts == int(c.attempts.sum()) > acc.offered_calls
     assert acc.amplification == acc.attempts / acc.offered_calls > 1.0
-    # The retry budget (20% of requests per 10 s window, at least 3) bounds the storm.
+    # The retry budget (10% of requests per 10 s window, at least 3) bounds the storm.
     retries_made = acc.attempts - acc.offered_calls
     windows = 60 / 10 + 1
-    assert retries_made <= 0.2 * acc.offered_calls + 3 * windows
+    assert retries_made <= 0.1 * acc.offered_calls + 3 * windows
+    # Retry tickets: a client that waited out its Retry-After is let in on its first retry.
+    retried = c.attempts >= 2
+    first_retry_done = retried & (c.attempts == 2) & (c.outcome == OUTCOMES.index("completed"))
+    assert first_retry_done.sum() >= 0.9 * retried.sum()
     # A call served after a shed waited at least the retry_after it was given.
     served_after_shed = (c.outcome == OUTCOMES.index("completed")) & np.isfinite(c.retry_after_s)
     assert served_after_shed.any()

@@ -37,6 +37,7 @@ __all__ = [
     "ThroughputEstimate",
     "kv_capacity_tokens",
     "max_throughput",
+    "steady_step_time_s",
 ]
 
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * 1024**3
@@ -171,6 +172,15 @@ def max_throughput(
         kv_capacity_tokens=capacity,
         requests_per_s=running / step_s / osl,
     )
+
+
+def steady_step_time_s(step_model: StepTimeModel, running: int, isl: int, osl: int) -> float:
+    """The steady-state step of ``running`` decoding sequences with chunked prefill of the
+    prompts that replace the finished ones (``running × isl / osl`` prompt tokens a step),
+    as in :func:`max_throughput`."""
+    if running < 1 or isl < 1 or osl < 1:
+        raise ValueError(f"running, isl and osl must be >= 1 (got {running}, {isl}, {osl})")
+    return _mixed_step_time_s(step_model, running, running * isl / osl, isl, osl)
 
 
 def _mixed_step_time_s(

@@ -52,10 +52,27 @@ consider remaining deadline, estimated work, tenant quota, and downstream health
 
 Every ``retry_after_s`` is computed from the state that caused the refusal and capped at
 ``max_retry_after_s`` (also the value when the rate it needs has not been measured).
+
+**Retry tickets: a Retry-After is a promise, not a guess.** At saturation the queue that
+drains by the Retry-After is refilled by newcomers before the retry comes back, so a
+retry judged afresh is refused again and the client's obedience buys nothing. With
+``retry_tickets`` (the default), a shed for a full queue, memory (``KV_PROJECTION``) or a
+wait that a renewed deadline can absorb (``DEADLINE_UNMEETABLE`` with a
+``retry_after_s``) carries a ticket. A retry that presents it between its Retry-After and
+``ticket_grace_s`` later passes checks 7 to 9 and joins the front of its tenant's line in
+its band (``Enqueue(front=True)``), past the bounds; checks 1 to 5 still apply. A shed for
+the tenant's token budget (``TENANT_TOKEN_RATE``) carries a *budget ticket*: its
+Retry-After is the time for the bucket to refill the request's tokens after those promised
+to the tenant's earlier tickets, and the retry that presents it takes its tokens on credit
+(the bucket may go below zero; the tenant's later requests repay it). A ticket is used
+once; a client that never returns costs nothing, because a ticket reserves order and
+budget, not capacity.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -163,6 +180,13 @@ class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Upper bound of every ``retry_after_s``, and its value when the rate it is computed
     from has not been measured yet (nothing drained within the window)."""
 
+    retry_tickets: bool = True
+    """Give capacity sheds a retry ticket (see the module docstring), so that a client
+    obeying ``Retry-After`` is let in when it returns."""
+
+    ticket_grace_s: float = 10.0
+    """How long after its ``retry_after_s`` a ticket stays valid (clients add jitter)."""
+
     def __post_init__(self) -> None:
         require(self.block_size >= 1, "admission", "block_size", self.block_size, "vLLM uses 16")
         require(
@@ -192,6 +216,13 @@ class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "max_retry_after_s",
             self.max_retry_after_s,
             "use seconds > 0, e.g. 60",
+        )
+        require(
+            math.isfinite(self.ticket_grace_s) and self.ticket_grace_s >= 0,
+            "admission",
+            "ticket_grace_s",
+            self.ticket_grace_s,
+            "use seconds >= 0, e.g. 10",
         )
 
     def limits(self, tenant: str) -> TenantLimits:
@@ -233,6 +264,10 @@ class AdmissionRequest:
     deadline_renews_on_retry: bool = False
     """True when a retry gets a fresh budget (a per-call SLO); False when the deadline is
     fixed (a task deadline), so that a retry only spends it."""
+
+    ticket: int | None = None
+    """The retry ticket of the shed this request retries (None: a first attempt, or a
+    retry without one)."""
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "p95_output_tokens"):
@@ -318,12 +353,32 @@ class LoadSnapshot:
 # ----------------------------------------------------------------------------- policy
 
 
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """A retry ticket: when it may be presented, by whom, and the budget tokens its
+    retry will take on credit (0 for a queue ticket)."""
+
+    valid_from_s: float
+    until_s: float
+    tenant: str
+    credit_tokens: float
+
+
 class AdmissionPolicy:
     """The admission policy (see the module docstring for the checks and their order)."""
 
     def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.config = config if config is not None else AdmissionConfig()
         self._buckets: dict[str, TokenBucket] = {}
+        self._tickets: dict[int, _Ticket] = {}
+        self._ticket_expiry: list[tuple[float, int]] = []
+        self._ticket_credit: dict[str, float] = {}
+        """Per tenant: tokens its outstanding budget tickets will take on credit."""
+        self._next_ticket = 1
+        self.tickets_issued = 0
+        """Retry tickets given with sheds."""
+        self.tickets_honoured = 0
+        """Retries let in by their ticket."""
 
     # -- estimates ----------------------------------------------------------------------
 
@@ -381,19 +436,90 @@ class AdmissionPolicy:
 
         Debits the tenant's token bucket when the result is Admit or Enqueue.
         """
-        cfg = self.config
         if request.priority not in load.queues.bands:
             raise ValueError(
                 f"the load snapshot has no statistics for band {request.priority!r}; build "
                 "it from PriorityQueues.statistics(now), which has every band"
             )
         service_s = self.service_estimate_s(request, load)
+        ticket = self._valid_ticket(now, request)
         refused = self._refuse_impossible(now, request, load, service_s)
         if refused is None:
-            refused = self._refuse_by_state(now, request, load, service_s)
+            refused = self._refuse_by_state(now, request, load, service_s, ticket)
         if refused is not None:
             return refused
+        decision = self._decide_by_load(now, request, load, service_s, ticket)
+        if isinstance(decision, Shed):
+            return self._with_ticket(now, decision, request.tenant)
+        if ticket is not None:
+            self._spend(request.ticket)
+        return decision
 
+    # -- retry tickets --------------------------------------------------------------------
+
+    def _with_ticket(
+        self, now: float, shed: Shed, tenant: str, credit_tokens: float = 0.0
+    ) -> Shed:
+        """``shed`` with a retry ticket, when it is a shed a retry can use."""
+        if not self.config.retry_tickets or shed.retry_after_s is None:
+            return shed
+        number = self._next_ticket
+        self._next_ticket += 1
+        valid_from = now + shed.retry_after_s
+        until = valid_from + self.config.ticket_grace_s
+        self._tickets[number] = _Ticket(valid_from, until, tenant, credit_tokens)
+        if credit_tokens:
+            self._ticket_credit[tenant] = self._ticket_credit.get(tenant, 0.0) + credit_tokens
+        heapq.heappush(self._ticket_expiry, (until, number))
+        self.tickets_issued += 1
+        return dataclasses.replace(shed, ticket=number)
+
+    def _valid_ticket(self, now: float, request: AdmissionRequest) -> _Ticket | None:
+        """The request's ticket when it is valid at ``now`` for its tenant (not spent
+        yet); expired tickets are dropped first."""
+        expiry = self._ticket_expiry
+        while expiry and expiry[0][0] < now:
+            number = heapq.heappop(expiry)[1]
+            if number in self._tickets:
+                self._drop(number)
+        if request.ticket is None:
+            return None
+        ticket = self._tickets.get(request.ticket)
+        if ticket is None or ticket.tenant != request.tenant:
+            return None
+        if not ticket.valid_from_s - 1e-9 <= now <= ticket.until_s:
+            return None
+        return ticket
+
+    def _drop(self, number: int) -> _Ticket:
+        ticket = self._tickets.pop(number)
+        if ticket.credit_tokens:
+            self._ticket_credit[ticket.tenant] -= ticket.credit_tokens
+        return ticket
+
+    def _spend(self, number: int | None) -> None:
+        if number is not None and number in self._tickets:
+            self._drop(number)
+            self.tickets_honoured += 1
+
+    @property
+    def tickets_outstanding(self) -> int:
+        """Tickets issued, not used and not expired (as of the last decision)."""
+        return len(self._tickets)
+
+    # -- the load checks ------------------------------------------------------------------
+
+    def _decide_by_load(
+        self,
+        now: float,
+        request: AdmissionRequest,
+        load: LoadSnapshot,
+        service_s: float | None,
+        ticket: _Ticket | None,
+    ) -> Decision:
+        """Checks 7 to 10 (or a valid ticket): admit, enqueue, or shed for load. Debits
+        the tenant's bucket on Admit and Enqueue (on credit for a budget ticket)."""
+        cfg = self.config
         blocks = self.projected_kv_blocks(request)
         reserve = self.reserve_blocks(load.total_kv_blocks)
         remaining_s = None if request.deadline_s is None else request.deadline_s - now
@@ -405,13 +531,16 @@ class AdmissionPolicy:
         nothing_ahead = all(
             b not in bands or bands[b].queued_requests == 0 for b in BANDS[: level + 1]
         )
+        on_credit = ticket is not None and ticket.credit_tokens > 0
         if load.free_slots.get(band, 0) > 0 and nothing_ahead and kv_fits:
-            if bucket is not None:
-                bucket.try_take(now, request.cost_tokens)
+            self._debit(now, bucket, request.cost_tokens, on_credit)
             return Admit()
 
         band_queue = bands[band]
         wait_s = band_queue.predicted_wait_s(cfg.wait_basis)
+        if ticket is not None:
+            self._debit(now, bucket, request.cost_tokens, on_credit)
+            return Enqueue(band, wait_s, front=True)
         if (
             cfg.check_deadlines
             and remaining_s is not None
@@ -446,9 +575,17 @@ class AdmissionPolicy:
                 f"requests, draining {stats.drain_requests_per_s:.3g}/s",
             )
 
-        if bucket is not None:
-            bucket.try_take(now, request.cost_tokens)
+        self._debit(now, bucket, request.cost_tokens, on_credit)
         return Enqueue(band, wait_s)
+
+    @staticmethod
+    def _debit(now: float, bucket: TokenBucket | None, tokens: int, on_credit: bool) -> None:
+        if bucket is None:
+            return
+        if on_credit:
+            bucket.take_on_credit(now, tokens)
+        else:
+            bucket.try_take(now, tokens)
 
     def _refuse_impossible(
         self,
@@ -488,8 +625,11 @@ class AdmissionPolicy:
         request: AdmissionRequest,
         load: LoadSnapshot,
         service_s: float | None,
+        ticket: _Ticket | None,
     ) -> Shed | None:
-        """Checks 3 to 6: draining, downstream health, tenant concurrency, token rate."""
+        """Checks 3 to 6: draining, downstream health, tenant concurrency, token rate (a
+        valid budget ticket passes the token-rate check: its tokens are taken on
+        credit)."""
         cfg = self.config
         if load.draining:
             ready_s = load.replacement_ready_s
@@ -526,8 +666,24 @@ class AdmissionPolicy:
             )
 
         bucket = self._bucket(now, request.tenant)
-        if bucket is not None:
-            wait = bucket.wait_s(now, request.cost_tokens)
+        if bucket is not None and (ticket is None or not ticket.credit_tokens):
+            cost = request.cost_tokens
+            credit = self._ticket_credit.get(request.tenant, 0.0)
+            wait = bucket.wait_s(now, cost)
+            if wait is not None and wait > 0 and cfg.retry_tickets:
+                # A budget ticket: the retry takes its tokens on credit, after the tokens
+                # of the tickets issued before it have refilled.
+                wait = (cost + credit - bucket.level(now)) / bucket.rate_per_s
+                shed = Shed(
+                    ShedReason.TENANT_TOKEN_RATE,
+                    self._cap(wait),
+                    f"tenant {request.tenant!r} bucket holds {bucket.level(now):.0f} of "
+                    f"{bucket.capacity_tokens:.0f} tokens at {bucket.rate_per_s:g}/s; the "
+                    f"request costs {cost}; {credit:.0f} tokens promised to earlier tickets",
+                )
+                if wait <= cfg.max_retry_after_s:
+                    return self._with_ticket(now, shed, request.tenant, credit_tokens=cost)
+                return shed
             if wait is None or wait > 0:
                 return Shed(
                     ShedReason.TENANT_TOKEN_RATE,

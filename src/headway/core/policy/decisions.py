@@ -83,6 +83,10 @@ class Enqueue:
     """The wait the policy predicted from the queue's drain rate, for reports (None: not
     predictable, nothing drained within the window)."""
 
+    front: bool = False
+    """A retry that presented a valid retry ticket: it joins the front of its tenant's
+    line in the band, past the queue bounds (its place was promised when it was shed)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Shed:
@@ -97,6 +101,11 @@ class Shed:
 
     detail: str = ""
     """The numbers behind the decision, for the error body and logs."""
+
+    ticket: int | None = None
+    """A retry ticket (see :class:`~headway.core.policy.admission.AdmissionPolicy`): a
+    retry that presents it after ``retry_after_s`` is queued at the front of its line
+    instead of being judged again against a full queue. None: no promise."""
 
     def __post_init__(self) -> None:
         if self.retry_after_s is not None and not (

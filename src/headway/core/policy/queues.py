@@ -343,13 +343,15 @@ class QueuesStatistics:
 class _Entry(Generic[T]):
     """One queued request and its bookkeeping (mutable; never leaves this module)."""
 
-    __slots__ = ("alive", "queued", "seq", "start_tag")
+    __slots__ = ("alive", "front", "queued", "seq", "start_tag")
 
     def __init__(self, queued: Queued[T], seq: int) -> None:
         self.queued = queued
         self.seq = seq
         self.alive = True
         self.start_tag = 0.0
+        self.front = False
+        """Pushed to the front of its tenant's line (a redeemed retry ticket)."""
 
 
 class _Meter:
@@ -396,13 +398,16 @@ class _BandQueue(Generic[T]):
         self.tokens = 0
         self.weight = config.weight
 
-    def append(self, entry: _Entry[T]) -> None:
+    def append(self, entry: _Entry[T], *, front: bool = False) -> None:
         tenant = entry.queued.tenant
         fifo = self.fifos.get(tenant)
         self.count += 1
         self.tokens += entry.queued.cost_tokens
         if fifo is None:
             self.fifos[tenant] = deque((entry,))
+            self._tag_head(tenant)
+        elif front:
+            fifo.appendleft(entry)  # the old head's heap entries go stale by seq
             self._tag_head(tenant)
         else:
             fifo.append(entry)
@@ -536,6 +541,7 @@ class PriorityQueues(Generic[T]):
         cost_tokens: int,
         deadline_s: float | None = None,
         max_retry_after_s: float = 60.0,
+        front: bool = False,
     ) -> Shed | None:
         """Queue ``item``; return None, or a :class:`Shed` when a bound refuses it.
 
@@ -544,6 +550,10 @@ class PriorityQueues(Generic[T]):
         its measured rate (at most ``max_retry_after_s``). A deadline already past gives
         DEADLINE_UNMEETABLE with no retry. Admission checks the same bounds first; this
         check keeps the bound true whoever calls.
+
+        ``front``: a retry admission let in on its retry ticket. It joins the front of its
+        tenant's line in the band and is not held to the bounds (a bound may be exceeded
+        by the tickets redeemed while it is full); its deadline still applies.
         """
         checked = _check_band(band)
         if cost_tokens < 0:
@@ -552,7 +562,7 @@ class PriorityQueues(Generic[T]):
             raise ValueError("deadline_s must be a time or None, not NaN")
         self._touch(now)
         self._tenant_meter(tenant)
-        refusal = self._refusal(now, checked, tenant, deadline_s, max_retry_after_s)
+        refusal = self._refusal(now, checked, tenant, deadline_s, max_retry_after_s, front)
         if refusal is not None:
             self._rejected += 1
             return refusal
@@ -565,7 +575,8 @@ class PriorityQueues(Generic[T]):
             deadline_s=deadline_s,
         )
         entry = _Entry(queued, next(self._seq))
-        self._bands[checked].append(entry)
+        entry.front = front
+        self._bands[checked].append(entry, front=front)
         if deadline_s is not None:
             heapq.heappush(self._deadlines, (deadline_s, entry.seq, entry))
         self._tenant_count[tenant] = self._tenant_count.get(tenant, 0) + 1
@@ -581,6 +592,7 @@ class PriorityQueues(Generic[T]):
         tenant: str,
         deadline_s: float | None,
         max_retry_after_s: float,
+        front: bool,
     ) -> Shed | None:
         if deadline_s is not None and deadline_s <= now:
             return Shed(
@@ -588,6 +600,8 @@ class PriorityQueues(Generic[T]):
                 None,
                 f"deadline {deadline_s:.3f} s had passed when it was queued at {now:.3f} s",
             )
+        if front:
+            return None
         bound = self.config.band(band).max_queued_requests
         if self._bands[band].count >= bound:
             stats = self._band_statistics(now, band)
@@ -776,22 +790,28 @@ class PriorityQueues(Generic[T]):
         """Raise AssertionError if the bookkeeping disagrees with the queues' contents."""
         live_total = 0
         per_tenant: dict[str, int] = {}
+        tenant_fronts: dict[str, int] = {}
         for band, queue in self._bands.items():
             live = [e for fifo in queue.fifos.values() for e in fifo if e.alive]
             assert len(live) == queue.count, f"band {band}: count {queue.count} != {len(live)}"
             assert sum(e.queued.cost_tokens for e in live) == queue.tokens, f"band {band} tokens"
-            assert queue.count <= self.config.band(band).max_queued_requests, f"{band} over bound"
+            fronts = sum(1 for e in live if e.front)
+            bound = self.config.band(band).max_queued_requests
+            assert queue.count - fronts <= bound, f"{band} over bound"
             for tenant, fifo in queue.fifos.items():
                 assert fifo, f"band {band}: tenant {tenant} has an empty FIFO"
                 assert fifo[0].alive, f"band {band}: tenant {tenant} head not live"
-                times = [e.queued.enqueued_s for e in fifo if e.alive]
+                times = [e.queued.enqueued_s for e in fifo if e.alive and not e.front]
                 assert times == sorted(times), f"band {band}: tenant {tenant} not FIFO"
             for e in live:
                 per_tenant[e.queued.tenant] = per_tenant.get(e.queued.tenant, 0) + 1
+                if e.front:
+                    tenant_fronts[e.queued.tenant] = tenant_fronts.get(e.queued.tenant, 0) + 1
             live_total += len(live)
         assert live_total == self._live, f"live {self._live} != {live_total}"
         for tenant, count in self._tenant_count.items():
             assert count == per_tenant.get(tenant, 0), f"tenant {tenant} count"
-            assert count <= self.config.max_queued_per_tenant, f"tenant {tenant} over bound"
+            bound = self.config.max_queued_per_tenant
+            assert count - tenant_fronts.get(tenant, 0) <= bound, f"tenant {tenant} over bound"
         balance = self._dispatched + self._expired + self._live
         assert self._pushed == balance, f"pushed {self._pushed} != {balance}"

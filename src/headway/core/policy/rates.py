@@ -155,6 +155,11 @@ class TokenBucket:
         self._level -= tokens
         return True
 
+    def take_on_credit(self, now: float, tokens: float) -> None:
+        """Take ``tokens`` at ``now`` even if the level goes below zero (a promised retry);
+        the debt is repaid by the refill before anything else passes."""
+        self._level = self.level(now) - max(tokens, 0.0)
+
     def give_back(self, now: float, tokens: float) -> None:
         """Return ``tokens`` taken but not used (the level never exceeds the capacity)."""
         self._level = min(self.capacity_tokens, self.level(now) + max(tokens, 0.0))

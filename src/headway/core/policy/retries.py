@@ -78,10 +78,10 @@ class RetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Apply the retry budget below; ``False`` models clients without one (what most
     deployments run today): every retry the attempts allow is sent."""
 
-    budget_ratio: float = 0.2
+    budget_ratio: float = 0.1
     """Retries allowed as a fraction of the original requests in the window: under a
-    storm, load grows by at most this factor (the default of Finagle's and Envoy's
-    retry budgets)."""
+    storm, load grows by at most this factor (the per-client budget of Google's SRE book,
+    "Handling Overload"; Finagle and Envoy default to 0.2)."""
 
     budget_min_retries: int = 3
     """Retries always allowed per window, so that a quiet service can still retry."""

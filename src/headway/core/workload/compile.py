@@ -9,8 +9,17 @@ workload compiles in about a second.
 
 Determinism: every draw comes from a stream named after what it decides
 (``arrivals/<source>``, ``mix/<source>``, ``tenants/<source>``,
-``calls/<source>/<class>``, ``tokens/<source>/<class>``, ``tools/<source>/<class>``), so
-the same seed gives the same stream, and editing one source does not change another's.
+``calls/<source>/<class>``, ``tokens/<source>/<class>``, ``tools/<source>/<class>``,
+``tool_service/<source>/<class>``), so the same seed gives the same stream, and editing
+one source does not change another's.
+
+Tool calls through a service (a class with ``tool_service``): the step's tool-call count
+comes from ``tools/...`` as before, and each tool call's service time from
+``tool_service/...`` (the service's ``service_time_s``; ``tool_latency_s`` is not drawn).
+``call_tool_after_s`` is then the sum of those service times, the step's tool time with
+no queueing; a simulator that models the service replaces it with each tool call's
+queueing plus service (:class:`headway.core.downstream.DownstreamService`), one call
+after another, from ``tool_service_s[call_tool_first : call_tool_first + call_tool_count]``.
 """
 
 from __future__ import annotations
@@ -26,11 +35,31 @@ from headway.core.seeding import stream
 from headway.core.trace_data import TraceData
 from headway.core.workload import arrivals as arrival_processes
 from headway.core.workload import distributions
-from headway.core.workload.spec import PRIORITIES, Source, TaskClass, TraceReplay, WorkloadSpec
+from headway.core.workload.spec import (
+    PRIORITIES,
+    Service,
+    Source,
+    TaskClass,
+    TraceReplay,
+    WorkloadSpec,
+)
 from headway.core.workload.validate import validate_workload
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+_ClassCalls = tuple[
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    FloatArray,
+    IntArray,
+    IntArray,
+    FloatArray,
+]
+"""What :func:`_class_calls` returns (see its docstring)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +74,10 @@ class Call:
     output_tokens: int
     tool_after_s: float
     route: str
+    tool_service: str | None = None
+    """The service its step's tool calls use (None: they take ``tool_latency_s``)."""
+    tool_service_s: tuple[float, ...] = ()
+    """Service times of its step's tool calls through ``tool_service``, in order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +105,8 @@ class CompiledWorkload:
     tenant_names: tuple[str, ...]
     source_names: tuple[str, ...]
     route_names: tuple[str, ...]
+    service_names: tuple[str, ...]
+    """Names of ``spec.services``, in file order (indexed by :attr:`call_tool_service`)."""
 
     task_arrival_s: FloatArray
     task_class: IntArray
@@ -91,6 +126,18 @@ class CompiledWorkload:
     call_tool_after_s: FloatArray
     """Tool time after the call's step, before the next step (0 after the last)."""
     call_route: IntArray
+    call_tool_service: IntArray
+    """Per call: index into :attr:`service_names` of the service its step's tool calls
+    use (-1: none; they take ``tool_latency_s``)."""
+    call_tool_count: IntArray
+    """Per call: tool calls after its step (0 after the last step); a step's branches
+    share them."""
+    call_tool_first: IntArray
+    """Per call: index into :attr:`tool_service_s` of its step's first tool call (-1:
+    no tool call, or no service)."""
+    tool_service_s: FloatArray
+    """Service times of tool calls made through a service, each step's calls contiguous
+    (see the module docstring)."""
     call_prefix_row: IntArray
     """Per call: index into :attr:`prefix_hash_ids` (-1: the call carries no prefix ids)."""
     prefix_hash_ids: tuple[tuple[IntArray, int], ...] = ()
@@ -120,6 +167,8 @@ class CompiledWorkload:
                 output_tokens=int(self.call_output_tokens[j]),
                 tool_after_s=float(self.call_tool_after_s[j]),
                 route=self.route_names[int(self.call_route[j])],
+                tool_service=self._tool_service(j)[0],
+                tool_service_s=self._tool_service(j)[1],
             )
             for j in range(first, first + int(self.task_num_calls[index]))
         )
@@ -133,6 +182,17 @@ class CompiledWorkload:
             num_steps=int(self.task_num_steps[index]),
             calls=calls,
         )
+
+    def _tool_service(self, call: int) -> tuple[str | None, tuple[float, ...]]:
+        """The service of call ``call``'s tool calls and their service times."""
+        service = int(self.call_tool_service[call])
+        first = int(self.call_tool_first[call])
+        if service < 0:
+            return None, ()
+        if first < 0:
+            return self.service_names[service], ()
+        times = self.tool_service_s[first : first + int(self.call_tool_count[call])]
+        return self.service_names[service], tuple(float(t) for t in times)
 
     def tasks(self) -> Iterator[Task]:
         """All tasks in arrival order."""
@@ -157,6 +217,11 @@ class _SourceTasks:
     route: IntArray
     trace_row: IntArray
     """Per call: the row of the replayed trace it came from (-1: not from a trace)."""
+    tool_count: IntArray
+    tool_first: IntArray
+    """Per call: index into :attr:`tool_service_s` (-1: none)."""
+    tool_service: IntArray
+    tool_service_s: FloatArray
     prefix_hash_ids: tuple[tuple[IntArray, int], ...] = ()
     """The replayed trace's prefix-block ids and their block size in tokens, by row."""
 
@@ -207,15 +272,31 @@ def _draw_tokens(cls: TaskClass, n: int, rng: np.random.Generator) -> tuple[IntA
     return np.maximum(inp, 1), np.maximum(out, 1)
 
 
-def _tool_times(cls: TaskClass, n_steps: int, rng: np.random.Generator) -> FloatArray:
-    """Tool time after each of ``n_steps`` steps: a sum of ``tools_per_call`` latencies."""
+def _tool_times(
+    cls: TaskClass,
+    n_steps: int,
+    rng: np.random.Generator,
+    service: Service | None,
+    service_rng: np.random.Generator,
+) -> tuple[FloatArray, IntArray, FloatArray]:
+    """Tool time after each of ``n_steps`` steps (a sum of ``tools_per_call`` latencies),
+    tool calls per step, and each tool call's service time (empty without ``service``).
+
+    Without a service the draws are exactly those made before services existed."""
     counts = distributions.whole_counts(cls.tools_per_call, n_steps, rng, minimum=0)
+    counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
     if total == 0:
-        return np.zeros(n_steps)
-    latencies = distributions.sample(cls.tool_latency_s, total, rng)
+        return np.zeros(n_steps), counts, np.zeros(0)
+    if service is not None:
+        latencies = distributions.sample(service.service_time_s, total, service_rng)
+        per_call = latencies
+    else:
+        latencies = distributions.sample(cls.tool_latency_s, total, rng)
+        per_call = np.zeros(0)
     owner = np.repeat(np.arange(n_steps), counts)
-    return np.bincount(owner, weights=latencies, minlength=n_steps).astype(np.float64)
+    step_tool = np.bincount(owner, weights=latencies, minlength=n_steps).astype(np.float64)
+    return step_tool, counts, per_call.astype(np.float64)
 
 
 def _class_calls(
@@ -225,8 +306,9 @@ def _class_calls(
     n_tasks: int,
     seed: int,
     trace_tokens: tuple[IntArray, IntArray] | None,
-) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, FloatArray]:
-    """Steps per task, calls per task, and per-call columns for ``n_tasks`` of one class."""
+) -> _ClassCalls:
+    """Steps per task, calls per task, per-call columns for ``n_tasks`` of one class, and
+    the class's tool-call service times (indexed by the per-call ``tool_first``)."""
     cls = spec.classes[cls_name]
     key = f"{source.name}/{cls_name}"
     if trace_tokens is not None:
@@ -244,11 +326,25 @@ def _class_calls(
     else:
         inp, out = _draw_tokens(cls, int(num_calls.sum()), stream(seed, f"tokens/{key}"))
     # One tool time per task step, shared by the step's branches; none after the last step.
-    step_tool = _tool_times(cls, int(steps.sum()), stream(seed, f"tools/{key}"))
+    service = spec.services[cls.tool_service] if cls.tool_service is not None else None
+    step_tool, step_count, service_s = _tool_times(
+        cls,
+        int(steps.sum()),
+        stream(seed, f"tools/{key}"),
+        service,
+        stream(seed, f"tool_service/{key}"),
+    )
     step_index = (np.cumsum(steps) - steps)[owner] + step
     tool_after = step_tool[step_index]
-    tool_after[step == steps[owner] - 1] = 0.0
-    return steps, num_calls, inp, out, step, branch, tool_after
+    last = step == steps[owner] - 1
+    tool_after[last] = 0.0
+    tool_count = step_count[step_index]
+    tool_count[last] = 0
+    tool_first = np.full(step_index.size, -1, dtype=np.int64)
+    if service is not None:
+        tool_first = (np.cumsum(step_count) - step_count)[step_index]
+        tool_first[tool_count == 0] = -1
+    return steps, num_calls, inp, out, step, branch, tool_after, tool_count, tool_first, service_s
 
 
 def _source_tasks(
@@ -290,6 +386,8 @@ def _source_tasks(
     num_calls = np.zeros(n, dtype=np.int64)
     per_class: dict[int, tuple[IntArray, ...]] = {}
     tools: dict[int, FloatArray] = {}
+    service_times: list[FloatArray] = []
+    service_offset = 0
     for ci, cls_name in enumerate(class_names):
         idx = np.flatnonzero(task_class == ci)
         if idx.size == 0:
@@ -301,14 +399,17 @@ def _source_tasks(
                 np.maximum(trace.input_tokens[rows].astype(np.int64), 1),
                 np.maximum(trace.output_tokens[rows].astype(np.int64), 1),
             )
-        steps, calls, inp, out, step, branch, tool_after = _class_calls(
-            spec, source, cls_name, idx.size, seed, tokens
+        steps, calls, inp, out, step, branch, tool_after, tool_count, tool_first, svc_s = (
+            _class_calls(spec, source, cls_name, idx.size, seed, tokens)
         )
         num_steps[idx], num_calls[idx] = steps, calls
         row = np.full(int(calls.sum()), -1, dtype=np.int64)
         if tokens is not None and trace_rows is not None:
             row = trace_rows[idx]  # one call per task (validated: no branches)
-        per_class[ci] = (inp, out, step, branch, row)
+        tool_first[tool_first >= 0] += service_offset
+        service_offset += svc_s.size
+        service_times.append(svc_s)
+        per_class[ci] = (inp, out, step, branch, tool_count, row, tool_first)
         tools[ci] = tool_after
     assembled = _assemble(
         spec,
@@ -322,6 +423,7 @@ def _source_tasks(
         class_names,
         route_names,
     )
+    assembled.tool_service_s = np.concatenate([np.zeros(0), *service_times])
     if use_trace_tokens and trace is not None and trace.hash_ids is not None:
         block_tokens = trace.hash_block_tokens or 512
         assembled.prefix_hash_ids = tuple((ids, block_tokens) for ids in trace.hash_ids)
@@ -362,10 +464,12 @@ def _assemble(
     """Scatter per-class call columns into task order."""
     total = int(num_calls.sum())
     owner, _ = _call_layout(num_calls)
-    cols = [np.zeros(total, dtype=np.int64) for _ in range(4)]
-    cols.append(np.full(total, -1, dtype=np.int64))
+    cols = [np.zeros(total, dtype=np.int64) for _ in range(5)]
+    cols += [np.full(total, -1, dtype=np.int64) for _ in range(2)]
     tool_after = np.zeros(total)
     route = np.zeros(total, dtype=np.int64)
+    service = np.full(total, -1, dtype=np.int64)
+    service_names = list(spec.services)
     call_class = task_class[owner]
     for ci, columns in per_class.items():
         where = np.flatnonzero(call_class == ci)
@@ -374,7 +478,10 @@ def _assemble(
         tool_after[where] = tools[ci]
         route_name = spec.classes[class_names[ci]].route or route_names[0]
         route[where] = route_names.index(route_name)
-    inp, out, step, branch, trace_row = cols
+        tool_service = spec.classes[class_names[ci]].tool_service
+        if tool_service is not None:
+            service[where] = service_names.index(tool_service)
+    inp, out, step, branch, tool_count, trace_row, tool_first = cols
     return _SourceTasks(
         arrival_s,
         task_class,
@@ -388,6 +495,10 @@ def _assemble(
         tool_after,
         route,
         trace_row,
+        tool_count,
+        tool_first,
+        service,
+        np.zeros(0),
     )
 
 
@@ -444,6 +555,9 @@ def compile_workload(
     offsets = np.cumsum([0] + [len(p.prefix_hash_ids) for p in parts[:-1]])
     for part, offset in zip(parts, offsets.tolist(), strict=True):
         part.trace_row[part.trace_row >= 0] += offset
+    tool_offsets = np.cumsum([0] + [p.tool_service_s.size for p in parts[:-1]])
+    for part, offset in zip(parts, tool_offsets.tolist(), strict=True):
+        part.tool_first[part.tool_first >= 0] += offset
     task_class = cat_tasks("task_class")
     priority_index = np.array(
         [PRIORITIES.index(spec.classes[c].priority) for c in class_names], dtype=np.int64
@@ -456,6 +570,7 @@ def compile_workload(
         tenant_names=tenant_names,
         source_names=tuple(s.name for s in spec.sources),
         route_names=route_names,
+        service_names=tuple(spec.services),
         task_arrival_s=arrival_s[order],
         task_class=task_class,
         task_tenant=cat_tasks("tenant"),
@@ -471,6 +586,10 @@ def compile_workload(
         call_output_tokens=cat_calls("output_tokens").astype(np.int64),
         call_tool_after_s=cat_calls("tool_after_s").astype(np.float64),
         call_route=cat_calls("route").astype(np.int64),
+        call_tool_service=cat_calls("tool_service").astype(np.int64),
+        call_tool_count=cat_calls("tool_count").astype(np.int64),
+        call_tool_first=cat_calls("tool_first").astype(np.int64),
+        tool_service_s=np.concatenate([p.tool_service_s for p in parts]).astype(np.float64),
         call_prefix_row=cat_calls("trace_row").astype(np.int64),
         prefix_hash_ids=tuple(ids for p in parts for ids in p.prefix_hash_ids),
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 import numpy.typing as npt
-from scipy import special, stats
+from scipy import special
 
 from headway.core.errors import WorkloadError
 from headway.core.workload.spec import (
@@ -118,6 +118,8 @@ def mean(dist: Distribution) -> float:
         return float(np.dot(np.clip(values, lo, hi), weights))
     if isinstance(dist, Poisson):
         ks = np.arange(0, int(dist.mean + 40 * math.sqrt(dist.mean + 1) + 50))
+        from scipy import stats  # lazily: importing scipy.stats costs ~0.3 s at start-up
+
         pmf = stats.poisson.pmf(ks, dist.mean)
         return float(np.dot(np.clip(ks, lo, hi), pmf))
     if isinstance(dist, Lognormal):
@@ -176,6 +178,8 @@ def quantile(dist: Distribution, q: float) -> float:
         idx = int(np.searchsorted(cum, q * cum[-1], side="left"))
         value = float(values[order][min(idx, values.size - 1)])
     elif isinstance(dist, Poisson):
+        from scipy import stats
+
         value = float(stats.poisson.ppf(q, dist.mean))
     elif isinstance(dist, Lognormal):
         if dist.cv == 0:

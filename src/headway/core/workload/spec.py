@@ -527,7 +527,14 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
     """Tool calls after each generation call (except the last), sequential."""
 
     tool_latency_s: Distribution = 0.0
-    """Latency of one tool call, seconds."""
+    """Latency of one tool call, seconds (ignored when ``tool_service`` is set)."""
+
+    tool_service: str | None = None
+    """The service (under ``services``) each tool call uses. When set, a tool call's
+    latency is that service's queueing plus its ``service_time_s`` (a timeout or a
+    refusal when the service says so) instead of ``tool_latency_s``; the calls of one
+    step are made one after another. None: tool calls take ``tool_latency_s`` and share
+    nothing."""
 
     input_tokens: Distribution = 1000.0
     """Prompt tokens per call."""
@@ -713,9 +720,17 @@ class Retries(_Spec, frozen=True, kw_only=True):
     honour_retry_after: bool = True
     """Wait at least the server's ``Retry-After`` when it sends one."""
 
-    budget_ratio: float | None = 0.2
+    budget_ratio: float | None = 0.1
     """Retry budget: retries at most this fraction of the client's recent requests
-    (``null``: no budget, every retry the attempts allow is sent)."""
+    (``null``: no budget, every retry the attempts allow is sent). 0.1 is the per-client
+    budget of Google's SRE book ("Handling Overload"): under a storm, load grows by at
+    most 10%."""
+
+    timeout_s: float | None = None
+    """Per-attempt timeout: a client with no first token this long after sending an
+    attempt abandons it (the attempt is cancelled, its KV freed) and retries under these
+    rules (``null``: no timeout; ``patience_s`` may still give up). A stream that has
+    started is never retried."""
 
     budget_window_s: float = 10.0
     """The sliding window over which the retry budget counts requests and retries."""
@@ -728,6 +743,7 @@ class Retries(_Spec, frozen=True, kw_only=True):
                 "retries of 20% of recent requests, null turns the budget off",
             )
         _positive("budget_window_s", self.budget_window_s)
+        _positive("timeout_s", self.timeout_s)
         _require(
             1 <= self.max_attempts <= 100,
             f"`max_attempts` must be between 1 and 100 (got {self.max_attempts})",
@@ -772,6 +788,49 @@ class Autoscaling(_Spec, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         _finite_nonneg("detection_s", self.detection_s)
         _finite_nonneg("startup_s", self.startup_s)
+
+
+class Service(_Spec, frozen=True, kw_only=True):
+    """A capacity-limited dependency that tool calls queue for: a database connection
+    pool (``servers`` connections) or an external API with a rate limit. Calls are served
+    first come, first served; a call that times out while running keeps its connection
+    until its work finishes (seed 000: more workers in front of a fixed pool only add
+    waiting and retries)."""
+
+    servers: int = 1
+    """Calls served at once: connections in the pool, or the API's concurrency."""
+
+    service_time_s: Distribution = 0.05
+    """Time one call holds a connection, seconds (drawn per tool call)."""
+
+    rate_limit_per_s: float | None = None
+    """Calls the service accepts per second (a token bucket); null: no rate limit."""
+
+    burst: float = 1.0
+    """Calls that may start at once after an idle spell (the bucket's size); only used
+    with ``rate_limit_per_s``."""
+
+    queue_limit: int | None = None
+    """Calls that may wait at once; one more is refused at once (null: no limit)."""
+
+    timeout_s: float | None = None
+    """The caller's timeout on wait plus service (null: none). A call still waiting when
+    it fires never runs; a running one keeps its connection until it finishes."""
+
+    def __post_init__(self) -> None:
+        _check_bare("service_time_s", self.service_time_s)
+        _require(self.servers >= 1, f"`servers` must be >= 1 (got {self.servers})")
+        _positive("rate_limit_per_s", self.rate_limit_per_s)
+        _require(
+            math.isfinite(self.burst) and self.burst >= 1,
+            f"`burst` must be >= 1 (got {self.burst}); 1 spaces calls evenly at the rate",
+        )
+        if self.queue_limit is not None:
+            _require(
+                self.queue_limit >= 0,
+                f"`queue_limit` must be >= 0 or null (got {self.queue_limit})",
+            )
+        _positive("timeout_s", self.timeout_s)
 
 
 class Planning(_Spec, frozen=True, kw_only=True):
@@ -830,6 +889,10 @@ class WorkloadSpec(_Spec, frozen=True, kw_only=True):
 
     clients: Clients = Clients()
     """How clients behave while they wait."""
+
+    services: dict[str, Service] = msgspec.field(default_factory=dict)
+    """Downstream services by name (database pools, external APIs) that tool calls queue
+    for; a class names one with ``tool_service``."""
 
     planning: Planning = Planning()
     """Inputs of the analytic plan."""

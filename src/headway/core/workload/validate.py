@@ -81,6 +81,21 @@ def validate_workload(spec: WorkloadSpec) -> WorkloadSpec:
             raise _unknown(
                 "route", cls.route, spec.routes, f"{path}.route", "Define it under `routes`."
             )
+        if cls.tool_service is not None and cls.tool_service not in spec.services:
+            if not spec.services:
+                raise WorkloadError(
+                    f"{path}.tool_service: service `{cls.tool_service}` is not defined and the "
+                    "workload has no `services`; define it under `services`, or remove "
+                    "`tool_service` to use `tool_latency_s`",
+                    path=f"{path}.tool_service",
+                )
+            raise _unknown(
+                "service",
+                cls.tool_service,
+                spec.services,
+                f"{path}.tool_service",
+                "Define it under `services`.",
+            )
     for name, route in spec.routes.items():
         if route.fallback is None:
             continue

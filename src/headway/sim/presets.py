@@ -1,0 +1,129 @@
+"""The gateway presets resolved for one workload on one cluster.
+
+``headway-default`` is a set of rules, not of numbers: the numbers come from the
+workload and the cluster it runs on. :func:`resolve_gateway` fills them in before the
+simulator builds its :class:`~headway.sim.gateway.SimGateway`:
+
+* dispatch slots per replica from the SLO (unless ``slots_per_replica`` is given): the
+  largest batch, at most ``max_num_seqs``, whose steady-state step
+  (:func:`~headway.core.engine.capacity.steady_step_time_s`, the workload's mean call)
+  keeps the tightest ``tpot_s`` objective with :data:`TPOT_HEADROOM`; a replica asked to
+  run more sequences only makes every one of them slower, where no deadline or priority
+  reaches them;
+* fair-queuing weights from the workload's ``tenants.<name>.weight`` (unless ``queues``
+  is given);
+* per-tenant token budgets from the tenants' shares of the planned capacity
+  (``tenant_budgets: shares``, unless ``admission.tenants`` is given): the planned
+  capacity is the replicas' saturation throughput for the workload's mean call
+  (:func:`~headway.core.engine.capacity.max_throughput`) times the workload's
+  ``planning.planning_factor``, in the tokens admission charges.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from headway.core.engine.capacity import max_throughput, steady_step_time_s
+from headway.core.engine.steptime import StepTimeModel
+from headway.core.policy.admission import AdmissionConfig
+from headway.core.policy.budgets import share_budgets
+from headway.core.policy.queues import QueueConfig
+from headway.core.workload.compile import CompiledWorkload
+from headway.sim.cluster import ClusterSpec, resolve_model_gpu
+from headway.sim.gateway import GatewayConfig
+
+__all__ = ["TPOT_HEADROOM", "planned_capacity_tokens_per_s", "resolve_gateway", "slo_slots"]
+
+TPOT_HEADROOM = 0.8
+"""Slots keep the steady-state step within this fraction of the tightest TPOT objective:
+the steady state is a mean, and prefill chunks make single steps longer."""
+
+
+def _mean_call(workload: CompiledWorkload) -> tuple[int, int]:
+    """Mean prompt and output tokens of the workload's calls (at least 1 each)."""
+    isl = max(1, round(float(workload.call_input_tokens.mean())))
+    osl = max(1, round(float(workload.call_output_tokens.mean())))
+    return isl, osl
+
+
+def slo_slots(workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel) -> int:
+    """Dispatch slots per replica from the tightest TPOT objective (see the module
+    docstring); ``max_num_seqs`` when no class names one or the workload has no calls."""
+    limit = cluster.engine.max_num_seqs
+    bounds = [c.slo.tpot_s for c in workload.spec.classes.values() if c.slo.tpot_s is not None]
+    if not bounds or workload.num_calls == 0:
+        return limit
+    target_s = TPOT_HEADROOM * min(bounds)
+    isl, osl = _mean_call(workload)
+    if steady_step_time_s(step_time, limit, isl, osl) <= target_s:
+        return limit
+    lo, hi = 1, limit  # the step time grows with the batch: bisect for the last fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if steady_step_time_s(step_time, mid, isl, osl) <= target_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def planned_capacity_tokens_per_s(
+    workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel
+) -> float | None:
+    """The cluster's planned capacity in charged tokens per second (None: no calls)."""
+    if workload.num_calls == 0:
+        return None
+    spec = workload.spec
+    call_class = workload.task_class[workload.call_task]
+    planned = np.empty(workload.num_calls, dtype=np.float64)
+    for k, name in enumerate(workload.class_names):
+        mask = call_class == k
+        if not mask.any():
+            continue
+        cap = spec.classes[name].max_tokens
+        out = workload.call_output_tokens[mask]
+        planned[mask] = float(np.percentile(out, 95)) if cap is None else cap
+    charged = float(np.mean(workload.call_input_tokens + planned))
+    isl, osl = _mean_call(workload)
+    model, gpu = resolve_model_gpu(cluster)
+    engine = cluster.engine
+    estimate = max_throughput(
+        step_time,
+        model=model,
+        gpu=gpu,
+        isl=isl,
+        osl=osl,
+        tensor_parallel=cluster.tensor_parallel,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        block_size=engine.block_size,
+        gpu_memory_utilization=cluster.gpu_memory_utilization,
+    )
+    calls_per_s = cluster.replicas * estimate.requests_per_s * spec.planning.planning_factor
+    return calls_per_s * charged
+
+
+def resolve_gateway(
+    workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel
+) -> GatewayConfig:
+    """``cluster.gateway`` with the workload-derived settings of the module docstring."""
+    config = cluster.gateway
+    if config.preset != "headway-default":
+        return config
+    tenants = workload.spec.tenants
+    queues = config.queues
+    if queues is None:
+        queues = QueueConfig(tenant_weights={t: v.weight for t, v in tenants.items()})
+    admission = config.admission or AdmissionConfig(block_size=cluster.engine.block_size)
+    if config.tenant_budgets == "shares" and not admission.tenants:
+        capacity = config.capacity_tokens_per_s or planned_capacity_tokens_per_s(
+            workload, cluster, step_time
+        )
+        if capacity is not None:
+            budgets = share_budgets({t: v.share for t, v in tenants.items()}, capacity)
+            admission = msgspec.structs.replace(admission, tenants=budgets)
+    slots = config.slots_per_replica or slo_slots(workload, cluster, step_time)
+    return msgspec.structs.replace(
+        config, queues=queues, admission=admission, slots_per_replica=slots
+    )

@@ -1,0 +1,247 @@
+"""The autoscaler: detection delay, cooldowns, bounds, starting replicas, start-up delay,
+scale-down after sustained low load, and config errors that name field, value and fix."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import textwrap
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from headway.core.errors import ConfigError
+from headway.core.policy.autoscaler import (
+    Autoscaler,
+    AutoscalerConfig,
+    AutoscalerSignals,
+    Hold,
+    ScaleDown,
+    ScaleUp,
+)
+
+
+def _config(**overrides: object) -> AutoscalerConfig:
+    base: dict[str, object] = {
+        "signal": "queue_delay_s",
+        "target": 1.0,
+        "evaluation_interval_s": 10.0,
+        "detection_delay_s": 30.0,
+        "startup_delay_s": 90.0,
+        "min_replicas": 1,
+        "max_replicas": 10,
+        "scale_up_cooldown_s": 0.0,
+        "scale_down_cooldown_s": 0.0,
+        "max_step": 4,
+    }
+    base.update(overrides)
+    return AutoscalerConfig(**base)  # type: ignore[arg-type]
+
+
+def _signals(ready: int, delay_s: float | None, starting: int = 0) -> AutoscalerSignals:
+    return AutoscalerSignals(
+        ready_replicas=ready, starting_replicas=starting, queue_delay_s=delay_s
+    )
+
+
+def test_a_breach_shorter_than_the_detection_delay_does_nothing() -> None:
+    scaler = Autoscaler(_config())
+    decisions = [scaler.decide(t, _signals(2, 3.0)) for t in (0.0, 10.0, 20.0)]
+    assert all(isinstance(d, Hold) for d in decisions)
+    # The spike ends before 30 s: the breach resets, and a new one starts from scratch.
+    assert isinstance(scaler.decide(30.0, _signals(2, 1.0)), Hold)
+    assert all(isinstance(scaler.decide(t, _signals(2, 3.0)), Hold) for t in (40.0, 50.0, 60.0))
+    up = scaler.decide(70.0, _signals(2, 3.0))
+    assert isinstance(up, ScaleUp)
+
+
+def test_sustained_breach_scales_up_by_the_hpa_ratio_with_startup_delay() -> None:
+    scaler = Autoscaler(_config())
+    for t in (0.0, 10.0, 20.0):
+        assert isinstance(scaler.decide(t, _signals(2, 2.2)), Hold)
+    up = scaler.decide(30.0, _signals(2, 2.2))
+    # desired = ceil(2 * 2.2 / 1.0) = 5, so 3 more, ready 90 s after the decision.
+    assert isinstance(up, ScaleUp)
+    assert (up.count, up.ready_at_s) == (3, 120.0)
+    assert "queue_delay_s" in up.reason
+
+
+def test_scale_up_takes_the_smallest_recommendation_of_the_window() -> None:
+    scaler = Autoscaler(_config())
+    for t, delay in ((0.0, 5.0), (10.0, 1.6), (20.0, 5.0)):
+        scaler.decide(t, _signals(2, delay))
+    up = scaler.decide(30.0, _signals(2, 5.0))
+    assert isinstance(up, ScaleUp) and up.count == 2  # ceil(2 * 1.6) = 4 = 2 + 2
+
+
+def test_within_tolerance_nothing_happens() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0, tolerance=0.1))
+    assert isinstance(scaler.decide(0.0, _signals(4, 1.09)), Hold)
+    assert isinstance(scaler.decide(10.0, _signals(4, 0.91)), Hold)
+    assert isinstance(scaler.decide(20.0, _signals(4, 1.3)), ScaleUp)
+
+
+def test_starting_replicas_count_so_a_booting_one_is_not_added_twice() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0))
+    up = scaler.decide(0.0, _signals(2, 1.5))
+    assert isinstance(up, ScaleUp) and up.count == 1  # ceil(2 * 1.5) = 3
+    # The same load while that replica boots: 2 ready + 1 starting already make 3.
+    for t in (10.0, 20.0, 30.0, 80.0):
+        assert isinstance(scaler.decide(t, _signals(2, 1.5, starting=1)), Hold)
+
+
+def test_scale_up_cooldown() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0, scale_up_cooldown_s=60.0))
+    assert isinstance(scaler.decide(0.0, _signals(2, 2.0)), ScaleUp)  # to 4
+    held = scaler.decide(10.0, _signals(4, 2.0))
+    assert isinstance(held, Hold) and "cooldown" in held.reason
+    assert isinstance(scaler.decide(60.0, _signals(4, 2.0)), ScaleUp)
+
+
+def test_max_step_and_max_replicas_bound_a_scale_up() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0, max_step=2, max_replicas=5))
+    up = scaler.decide(0.0, _signals(2, 10.0))  # desired 20
+    assert isinstance(up, ScaleUp) and up.count == 2
+    up = scaler.decide(10.0, _signals(4, 10.0))
+    assert isinstance(up, ScaleUp) and up.count == 1  # only one below max_replicas
+    held = scaler.decide(20.0, _signals(5, 10.0))
+    assert isinstance(held, Hold)
+
+
+def test_below_min_or_above_max_is_corrected_at_once() -> None:
+    scaler = Autoscaler(_config(min_replicas=3, max_replicas=6))
+    up = scaler.decide(0.0, _signals(1, None))  # replicas lost, no signal at all
+    assert isinstance(up, ScaleUp) and up.count == 2 and up.ready_at_s == 90.0
+    down = scaler.decide(1.0, _signals(8, 1.0))
+    assert isinstance(down, ScaleDown) and down.count == 2
+
+
+def test_scale_down_after_sustained_low_load_one_step_at_a_time() -> None:
+    scaler = Autoscaler(_config(scale_down_cooldown_s=60.0))
+    # ratio 0.25 with 8 ready: desired ceil(2.0) = 2.
+    decisions = [scaler.decide(t, _signals(8, 0.25)) for t in (0.0, 10.0, 20.0)]
+    assert all(isinstance(d, Hold) for d in decisions)
+    down = scaler.decide(30.0, _signals(8, 0.25))
+    assert isinstance(down, ScaleDown) and down.count == 1
+    held = scaler.decide(40.0, _signals(7, 0.25))
+    assert isinstance(held, Hold)  # cooling down, and a new breach must last again
+
+
+def test_scale_down_never_below_min_and_never_while_starting() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0, min_replicas=2, max_step_down=10))
+    held = scaler.decide(0.0, _signals(3, 0.0, starting=1))
+    assert isinstance(held, Hold) and "starting" in held.reason
+    down = scaler.decide(10.0, _signals(4, 0.0))
+    assert isinstance(down, ScaleDown) and down.count == 2
+    assert isinstance(scaler.decide(20.0, _signals(2, 0.0)), Hold)
+
+
+def test_scale_down_waits_for_the_cooldown_after_a_scale_up() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0, scale_down_cooldown_s=300.0))
+    assert isinstance(scaler.decide(0.0, _signals(2, 2.0)), ScaleUp)
+    held = scaler.decide(100.0, _signals(4, 0.1))
+    assert isinstance(held, Hold) and "cooldown" in held.reason
+    assert isinstance(scaler.decide(300.0, _signals(4, 0.1)), ScaleDown)
+
+
+def test_calls_between_evaluations_hold_without_counting() -> None:
+    scaler = Autoscaler(_config(detection_delay_s=0.0))
+    assert isinstance(scaler.decide(0.0, _signals(2, 1.0)), Hold)
+    held = scaler.decide(5.0, _signals(2, 9.0))
+    assert isinstance(held, Hold) and "next evaluation" in held.reason
+    assert isinstance(scaler.decide(10.0, _signals(2, 9.0)), ScaleUp)
+
+
+def test_admitted_tokens_per_replica_sizes_to_total_over_target() -> None:
+    cfg = _config(signal="admitted_tokens_per_replica", target=1000.0, detection_delay_s=0.0)
+    scaler = Autoscaler(cfg)
+    signals = AutoscalerSignals(ready_replicas=2, admitted_tokens_per_s=4500.0)
+    assert scaler.signal_value(signals) == 2250.0
+    up = scaler.decide(0.0, signals)
+    assert isinstance(up, ScaleUp) and up.count == 3  # ceil(4500 / 1000) = 5
+
+
+def test_missing_signal_holds_and_resets_the_breach() -> None:
+    scaler = Autoscaler(_config(signal="kv_occupancy", target=0.8))
+    scaler.decide(0.0, AutoscalerSignals(ready_replicas=2, kv_occupancy=1.0))
+    scaler.decide(10.0, AutoscalerSignals(ready_replicas=2, kv_occupancy=1.0))
+    assert isinstance(scaler.decide(20.0, AutoscalerSignals(ready_replicas=2)), Hold)
+    # The breach restarted at 30 s, so 50 s is still within the 30 s detection delay.
+    for t in (30.0, 40.0, 50.0):
+        decision = scaler.decide(t, AutoscalerSignals(ready_replicas=2, kv_occupancy=1.0))
+        assert isinstance(decision, Hold)
+    decision = scaler.decide(60.0, AutoscalerSignals(ready_replicas=2, kv_occupancy=1.0))
+    assert isinstance(decision, ScaleUp)
+
+
+def test_deterministic() -> None:
+    def run() -> list[object]:
+        scaler = Autoscaler(_config(detection_delay_s=20.0))
+        return [scaler.decide(10.0 * i, _signals(3, (i % 7) * 0.5)) for i in range(40)]
+
+    assert run() == run()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "fix"),
+    [
+        ({"signal": "gpu_util"}, "signal", "queue_delay_s"),
+        ({"target": 0.0}, "target", "> 0"),
+        ({"signal": "kv_occupancy", "target": 80.0}, "target", "(0, 1]"),
+        ({"tolerance": 1.0}, "tolerance", "[0, 1)"),
+        ({"evaluation_interval_s": 0.0}, "evaluation_interval_s", "> 0"),
+        ({"detection_delay_s": -1.0}, "detection_delay_s", ">= 0"),
+        ({"startup_delay_s": float("inf")}, "startup_delay_s", ">= 0"),
+        ({"min_replicas": 0}, "min_replicas", "1 or more"),
+        ({"min_replicas": 4, "max_replicas": 3}, "max_replicas", "min_replicas (4)"),
+        ({"max_step": 0}, "max_step", "1 or more"),
+        ({"scale_down_cooldown_s": float("nan")}, "scale_down_cooldown_s", ">= 0"),
+    ],
+)
+def test_bad_configs_name_field_value_and_fix(
+    overrides: dict[str, object], field: str, fix: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _config(**overrides)
+    message = str(info.value)
+    assert f"autoscaler.{field} is invalid" in message
+    assert repr(overrides[field]) in message
+    assert fix in message
+
+
+def test_decoding_a_config_file_gives_the_key_path() -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"autoscaler\.max_step is invalid \(got 0\)"):
+        msgspec.json.decode(b'{"max_step": 0}', type=AutoscalerConfig)
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        msgspec.json.decode(b'{"max_stepp": 2}', type=AutoscalerConfig)
+
+
+def test_bad_signals_are_refused() -> None:
+    with pytest.raises(ValueError, match="replica counts"):
+        AutoscalerSignals(ready_replicas=-1)
+    with pytest.raises(ValueError, match="queue_delay_s"):
+        AutoscalerSignals(ready_replicas=1, queue_delay_s=float("nan"))
+
+
+def test_every_config_field_is_documented() -> None:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(AutoscalerConfig)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    documented = {
+        prev.target.id
+        for prev, node in itertools.pairwise(body)
+        if isinstance(prev, ast.AnnAssign)
+        and isinstance(prev.target, ast.Name)
+        and isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+    }
+    assert documented == set(AutoscalerConfig.__struct_fields__)
+
+
+def test_every_config_field_is_in_the_policy_doc() -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "overload-policies.md").read_text(
+        encoding="utf-8"
+    )
+    missing = [f for f in AutoscalerConfig.__struct_fields__ if f"| `{f}` |" not in doc]
+    assert not missing, f"docs/overload-policies.md lacks AutoscalerConfig fields {missing}"

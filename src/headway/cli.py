@@ -14,6 +14,7 @@ from headway import __version__
 from headway.core.errors import HeadwayError
 from headway.files import commands as workload_commands
 from headway.planner import commands as plan_commands
+from headway.report import commands as report_commands
 from headway.sim import commands as sim_commands
 from headway.trace import commands as trace_commands
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headway {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
     plan_commands.register(subparsers)
+    report_commands.register(subparsers)
     sim_commands.register(subparsers)
     trace_commands.register(subparsers)
     workload_commands.register(subparsers)

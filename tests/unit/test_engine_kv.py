@@ -207,3 +207,18 @@ def test_expand_rejects_bad_sizes() -> None:
         expand_block_hashes([1], 10, block_size=16, source_block_tokens=0)
     with pytest.raises(ValueError, match="block_size"):
         expand_block_hashes([1], 10, block_size=0)
+
+
+def test_drop_cached_forgets_free_cached_blocks_and_keeps_blocks_in_use() -> None:
+    pool = BlockPool(8, block_size=4)
+    held = pool.allocate(2)
+    free = pool.allocate(2)
+    assert held is not None and free is not None
+    for i, b in enumerate([*held, *free]):
+        pool.cache_block(b, 100 + i)
+    pool.free(free)
+    assert pool.num_cached == 4
+    assert pool.drop_cached() == 2
+    assert pool.num_cached == 2 and pool.cached_block(100) == held[0]
+    assert pool.cached_block(102) is None and pool.num_evictions == 0
+    pool.check_invariants()

@@ -161,3 +161,40 @@ def test_decode_steps_starting_before_an_arrival() -> None:
     assert replica.decode_steps_starting_before(end, end) == 0
     assert replica.decode_steps_starting_before(end, 1e9) == 39
     assert replica.decode_steps_starting_before(end, 1e9, max_steps=3) == 3
+
+
+def _serve(replica: ReplicaModel, rid: str, hashes: list[int], now: float) -> float:
+    replica.add_request(
+        EngineRequest(rid, num_prompt_tokens=64, max_output_tokens=2, block_hashes=hashes), now
+    )
+    while replica.has_work:
+        now = replica.step(now).end_s
+    return now
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_flushed_prefix_cache_serves_no_hits(flush: bool) -> None:
+    replica = make_replica(enable_prefix_caching=True)
+    hashes = [11, 12, 13, 14]  # 4 blocks of 16 tokens: the whole 64-token prompt
+    end = _serve(replica, "a", hashes, 0.0)
+    if flush:
+        assert replica.scheduler.pool.drop_cached() > 0
+    _serve(replica, "b", hashes, end)
+    hits = replica.scheduler.num_prefix_hit_tokens
+    assert (hits == 0) if flush else (hits >= 48)
+
+
+def test_a_time_scale_stretches_steps_and_decode_runs_alike() -> None:
+    plain, slow = make_replica(), make_replica()
+    slow.set_time_scale(2.5)
+    for replica in (plain, slow):
+        replica.add_request(make_request("a", 100, 20), 0.0)
+    first_plain, first_slow = plain.step(0.0), slow.step(0.0)
+    assert first_slow.duration_s == pytest.approx(2.5 * first_plain.duration_s)
+    n = plain.max_identical_decode_steps()
+    assert n == slow.max_identical_decode_steps() >= 2
+    run_plain = plain.advance_decode_steps(first_plain.end_s, n)
+    run_slow = slow.advance_decode_steps(first_slow.end_s, n)
+    assert run_slow.duration_s == pytest.approx(2.5 * run_plain.duration_s)
+    with pytest.raises(ValueError, match="time scale"):
+        slow.set_time_scale(0.0)

@@ -1,1 +1,1 @@
-"""Capacity planning: the analytic plan now; simulated sweeps build on it."""
+"""Capacity planning: the analytic plan, then simulated stages that check it (``plan``)."""

@@ -191,7 +191,7 @@ def _class_facts(spec: WorkloadSpec, cls: TaskClass) -> _ClassFacts:
     return _ClassFacts(cpt, mean_in, mean_out, cls.route or next(iter(spec.routes)))
 
 
-def _profile(source: Source, horizon_s: float) -> RateProfile | None:
+def source_profile(source: Source, horizon_s: float) -> RateProfile | None:
     """The deterministic rate profile of a source (None for random or replayed ones)."""
     if isinstance(source.arrivals, TraceReplay | OnOff):
         return None
@@ -220,7 +220,7 @@ def source_rates(source: Source, horizon_s: float) -> tuple[float | None, float 
         if busy is None:
             busy = base_profile(arrivals, horizon_s).mean_rate_per_s()
         if peak is None:
-            profile = _profile(source, horizon_s)
+            profile = source_profile(source, horizon_s)
             peak = profile.max_rate_per_s() if profile is not None else busy
     return busy, peak
 
@@ -547,7 +547,7 @@ def plan_analytic(spec: WorkloadSpec) -> AnalyticPlan:
     busy_period = _period(spec, "busy", busy, facts, peak_sizing)
     bursts: list[Episode] = []
     for source in spec.sources:
-        profile = _profile(source, horizon)
+        profile = source_profile(source, horizon)
         capacity = _source_capacity(spec, source, facts, peak_sizing)
         if profile is None or capacity is None:
             if profile is not None and profile.max_rate_per_s() > profile.mean_rate_per_s():

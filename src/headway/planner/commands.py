@@ -1,24 +1,36 @@
 """The ``headway plan`` verb.
 
-``headway plan WORKLOAD [--analytic-only] [--json] [--out DIR]`` prints the plan (a table,
-or JSON with ``--json``) and writes ``plan.json`` and ``report.html`` to ``--out``
-(default ``headway-out/<workload name>``; with ``--json`` files are written only when
-``--out`` is given).
+``headway plan WORKLOAD [--cluster CLUSTER] [--out DIR] [--json] [--executor local|ray]
+[--analytic-only]`` runs the analytic plan, then the simulated stages (replicas for the
+peak, the knee over seeds, the bursts replayed, cost), prints the answer and writes
+``plan.json`` and ``report.html`` to ``--out`` (default ``headway-out/<workload name>``;
+with ``--json`` the plan is printed and files are written only when ``--out`` is given).
+Ctrl-C stops the stage in flight; what finished is still written (exit code 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from types import TracebackType
 
+import msgspec
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from headway.core.errors import ConfigError
 from headway.files.output import write_text_atomic
-from headway.files.workload import load_workload
-from headway.planner.analytic import plan_analytic
-from headway.planner.render import plan_to_builtins, plan_to_json, render_terminal
+from headway.files.workload import load_workload, read_yaml
+from headway.planner.executors import PointExecutor, make_executor
+from headway.planner.plan import ClusterChoice, build_plan, default_cluster
+from headway.planner.render import plan_to_builtins, plan_to_json, render_plan_terminal
+from headway.planner.simulated import PlanSettings
 from headway.report.html import render_plan_html
+from headway.sim.cluster import parse_cluster
+
+INTERRUPTED_EXIT = 130
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,35 +38,149 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "plan",
         help="how many replicas, where is the knee, what does a burst do",
-        description="Plan capacity for a workload: demand, sizing, queueing, bursts.",
+        description="Plan capacity for a workload: the analytic plan, then simulated "
+        "replica search, knee, bursts and cost; plan.json and report.html.",
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="the workload file (YAML)")
     parser.add_argument(
-        "--analytic-only",
-        action="store_true",
-        help="only the analytic plan (no simulation); today the only kind there is",
+        "--cluster",
+        type=Path,
+        default=None,
+        help="the cluster file (model, GPU, engine); default: the route's model on an H100",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for plan.json and report.html"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
-        "--out", type=Path, default=None, help="folder for plan.json and report.html"
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where simulated points run: a local process pool (default) or Ray",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="local worker processes (default: CPU count)"
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of the knee search (default 3)")
+    parser.add_argument("--seed", type=int, default=None, help="run seed (default: file's)")
+    parser.add_argument(
+        "--point-duration-s",
+        type=float,
+        default=PlanSettings().steady_duration_s,
+        help="simulated seconds of each steady sweep point (default %(default)g)",
+    )
+    parser.add_argument(
+        "--analytic-only", action="store_true", help="only the analytic plan (no simulation)"
     )
     parser.set_defaults(handler=_plan)
 
 
+def choose_cluster(path: Path | None, spec_default: ClusterChoice) -> ClusterChoice:
+    """The cluster file, or the workload's default cluster."""
+    if path is None:
+        return spec_default
+    cluster = parse_cluster(read_yaml(path), str(path))
+    return ClusterChoice(
+        spec=cluster,
+        source=f"{path} (its replicas: {cluster.replicas}; the plan searches the count)",
+    )
+
+
+class _Bars:
+    """Rich progress bars on stderr, one per stage."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("points"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+            disable=not enabled,
+        )
+        self._task: object = None
+
+    def __enter__(self) -> _Bars:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._finish()
+        self._progress.stop()
+
+    def _finish(self) -> None:
+        if self._task is not None:
+            task = self._progress.tasks[-1]
+            self._progress.update(task.id, total=task.completed)
+
+    def stage(self, name: str, total: int) -> None:
+        """Start a stage's bar."""
+        self._finish()
+        self._task = self._progress.add_task(name, total=total)
+
+    def advance(self, points: int) -> None:
+        """Advance the current bar (growing its total when the estimate was low)."""
+        if self._task is None:
+            return
+        task = self._progress.tasks[-1]
+        total = max(task.total or 0, task.completed + points + 1)
+        self._progress.update(task.id, advance=points, total=total)
+
+
 def _plan(args: argparse.Namespace) -> int:
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1 (got {args.seeds}); 3 gives an interval")
+    if not args.point_duration_s > 0:
+        raise ConfigError(
+            f"--point-duration-s must be > 0 (got {args.point_duration_s}); 180 is the default"
+        )
     loaded = load_workload(args.workload)
-    plan = plan_analytic(loaded.spec)
+    spec = loaded.spec
+    if args.seed is not None:
+        spec = msgspec.structs.replace(spec, seed=args.seed)
+    choice = choose_cluster(args.cluster, default_cluster(spec))
+    jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
+    executor: PointExecutor | None = None
+    console = Console()
+    with _Bars(enabled=not args.analytic_only) as bars:
+        try:
+            if not args.analytic_only and choice.spec is not None:
+                address = args.ray_address or os.environ.get("RAY_ADDRESS")
+                executor = make_executor(args.executor, jobs=jobs, ray_address=address)
+            plan = build_plan(
+                spec,
+                choice,
+                executor,
+                settings=PlanSettings(seeds=args.seeds, steady_duration_s=args.point_duration_s),
+                traces=loaded.traces,
+                progress=bars,
+                analytic_only=args.analytic_only,
+            )
+        finally:
+            if executor is not None:
+                executor.close()
     out: Path | None = args.out
     if out is None and not args.json:
-        out = Path("headway-out") / loaded.spec.name
+        out = Path("headway-out") / spec.name
     if out is not None:
         write_text_atomic(out / "plan.json", plan_to_json(plan))
         write_text_atomic(out / "report.html", render_plan_html(plan_to_builtins(plan)))
     if args.json:
         sys.stdout.write(plan_to_json(plan))
     else:
-        console = Console()
-        render_terminal(plan, console)
+        render_plan_terminal(plan, console)
         if out is not None:
-            console.print(f"wrote {out / 'plan.json'} and {out / 'report.html'}")
-    return 0
+            console.print(f"wrote {out / 'plan.json'} and [bold]{out / 'report.html'}[/bold]")
+    return 0 if plan.complete else INTERRUPTED_EXIT

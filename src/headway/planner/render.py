@@ -1,4 +1,4 @@
-"""Render an analytic plan: a readable terminal report (rich) and rounded JSON."""
+"""Render a plan: a readable terminal report (rich) and rounded JSON."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.text import Text
 
 from headway.files.jsonout import to_builtins, to_json
 from headway.planner.analytic import AnalyticPlan, Period
+from headway.planner.plan import Plan
 
 
 def plan_to_builtins(plan: msgspec.Struct) -> Any:
@@ -126,3 +127,61 @@ def render_terminal(plan: AnalyticPlan, console: Console) -> None:
     if findings:
         parts += [Text(""), Text("\n".join(f"• {f}" for f in findings))]
     console.print(Panel(Group(*parts), title=f"headway plan: {plan.workload} (analytic)"))
+
+
+def _simulated_tables(plan: Plan) -> list[Any]:
+    sim = plan.simulated
+    parts: list[Any] = []
+    if sim is None:
+        return parts
+    search = sim.replica_search
+    if search is not None and search.trials:
+        table = Table(
+            title=f"Replicas at the peak ({_fmt(search.peak_tasks_per_s)} tasks/s, steady)",
+            title_justify="left",
+            show_edge=False,
+        )
+        for col in ("replicas", "attainment", "goodput/s", "TTFT p99", "e2e p99"):
+            table.add_column(col, justify="right")
+        for p in search.trials:
+            mark = " ◀" if p.replicas == search.recommended else ""
+            table.add_row(
+                f"{p.replicas}{mark}",
+                f"{p.sweep.slo_attainment:.1%}",
+                _fmt(p.sweep.goodput_per_s),
+                _fmt(p.sweep.ttft_p99_s, " s"),
+                _fmt(p.sweep.e2e_p99_s, " s"),
+            )
+        parts += [table, Text("")]
+    if plan.comparison:
+        table = Table(title="Analytic and simulated", title_justify="left", show_edge=False)
+        for col in ("figure", "analytic", "simulated", "difference"):
+            table.add_column(col, justify="left" if col == "figure" else "right")
+        for c in plan.comparison:
+            diff = "—" if c.relative_difference is None else f"{c.relative_difference:+.0%}"
+            table.add_row(
+                c.figure,
+                _fmt(c.analytic),
+                _fmt(c.simulated),
+                f"[bold red]{diff}[/]" if c.differs else diff,
+            )
+        parts += [table]
+        reasons = list(dict.fromkeys(r for c in plan.comparison for r in c.reasons))
+        if reasons:
+            parts += [Text("\n".join(f"• {r}" for r in reasons))]
+    return parts
+
+
+def render_plan_terminal(plan: Plan, console: Console) -> None:
+    """Print the summary, the simulated findings and the analytic tables."""
+    console.print(
+        Panel(
+            Text("\n".join(plan.summary) or "—"),
+            title=f"headway plan: {plan.workload}",
+            border_style="blue",
+        )
+    )
+    sim_parts = _simulated_tables(plan)
+    if sim_parts:
+        console.print(Panel(Group(*sim_parts), title="simulated"))
+    render_terminal(plan.analytic, console)

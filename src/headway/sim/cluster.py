@@ -30,6 +30,7 @@ from headway.core.engine.roofline import EfficiencyTable, RooflineStepTime
 from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
 from headway.core.errors import ConfigError
+from headway.core.policy.autoscaler import AutoscalerConfig
 from headway.core.policy.routing import RouterKind
 from headway.sim.faults import Fault
 from headway.sim.gateway import GatewayConfig
@@ -95,6 +96,14 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Faults injected during the run (:mod:`headway.sim.faults`): replicas lost, caches
     flushed, steps slowed down."""
 
+    autoscaler: AutoscalerConfig | None = None
+    """Add and remove replicas during the run (the core autoscaler); ``replicas`` is the
+    starting count. None: a fixed pool."""
+
+    price_per_replica_hour: float | None = None
+    """What one replica costs per hour, for the cost per successful task (None: the
+    workload's ``routes.<first>.replica.price_per_hour``, if any)."""
+
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"`replicas` must be >= 1 (got {self.replicas})")
@@ -104,6 +113,9 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError(
                 f"`gpu_memory_utilization` must be in (0, 1] (got {self.gpu_memory_utilization})"
             )
+        price = self.price_per_replica_hour
+        if price is not None and not (math.isfinite(price) and price >= 0):
+            raise ValueError(f"`price_per_replica_hour` must be >= 0 (got {price})")
         if self.step_time == "profile" and self.profile is None:
             raise ValueError("`step_time: profile` needs a `profile`")
         if self.disaggregation is not None:

@@ -2,7 +2,8 @@
 
 ``headway simulate WORKLOAD [--cluster CLUSTER.yaml] [--seed N] [--duration-s S]
 [--load X] [--json] [--out DIR]`` runs one simulation; ``--out`` writes ``result.json``
-and ``records.npz`` (per-call records, one column per array).
+and ``records.npz`` (per-call records, one column per array); ``--bad-days`` runs the
+matrix of gateway presets × bad-day scenarios instead (:mod:`headway.sim.baddays`).
 ``headway sweep WORKLOAD [--cluster ...] (--loads 0.5,1,2 | --search) [--jobs N]``
 scales offered load and finds the knee.
 """
@@ -23,6 +24,7 @@ from headway.core.workload.scale import scale_workload
 from headway.files.jsonout import to_json
 from headway.files.output import write_text_atomic
 from headway.files.workload import load_workload, read_yaml
+from headway.sim import baddays
 from headway.sim.cluster import ClusterSpec, parse_cluster
 from headway.sim.results import SimResult, write_records
 from headway.sim.run import simulate
@@ -42,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sim.add_argument("--duration-s", type=float, default=None, help="run length (default: file's)")
     sim.add_argument("--no-skip", action="store_true", help="step every decode step (slower)")
     sim.add_argument("--out", type=Path, default=None, help="folder for result.json, records.npz")
+    baddays.add_arguments(sim)
     sim.set_defaults(handler=_simulate)
     sw = subparsers.add_parser(
         "sweep",
@@ -73,8 +76,11 @@ def load_cluster(path: Path | None) -> ClusterSpec:
 def _simulate(args: argparse.Namespace) -> int:
     if not args.load > 0:
         raise ConfigError(f"--load must be > 0 (got {args.load}); 1 is the file's load")
+    baddays.check_arguments(args)
     loaded = load_workload(args.workload)
     cluster = load_cluster(args.cluster)
+    if args.bad_days:
+        return baddays.command(args, loaded.spec, cluster, loaded.traces)
     spec = scale_workload(loaded.spec, args.load) if args.load != 1 else loaded.spec
     started = time.perf_counter()
     result, outcome, workload = simulate(

@@ -110,6 +110,7 @@ class SimGateway:
         self.admission = AdmissionPolicy(admission)
         self.queues: PriorityQueues[int] = PriorityQueues(config.queues)
         per_replica = config.slots_per_replica or max_num_seqs
+        self.slots_per_replica = per_replica
         self.total_slots = num_replicas * per_replica
         """Calls the gateway lets be dispatched (and unfinished) at once."""
         reserved = self.queues.config.critical_reserved_slots
@@ -123,6 +124,10 @@ class SimGateway:
         """Dispatched, unfinished calls per band (the leases the queues ask about)."""
         self.in_flight: dict[str, int] = {}
         """Per tenant: calls admitted or enqueued and not yet ended."""
+
+    def set_replicas(self, num_replicas: int) -> None:
+        """The ready replicas changed (a loss, a scale-up or -down): so do the slots."""
+        self.total_slots = num_replicas * self.slots_per_replica
 
     def snapshot(
         self,

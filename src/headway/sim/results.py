@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from headway.core.metrics import (
     LatencySummary,
+    LittleCheck,
     little_check,
     meets_slo,
     summarize,
@@ -86,7 +87,9 @@ class Timeline(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Little(msgspec.Struct, frozen=True, kw_only=True):
-    """L = λW at the replica boundary: sampled occupancy vs records."""
+    """L = λW at one boundary: the sampled occupancy against λW from the records, and
+    their relative mismatch (reported, not hidden: a mismatch says the records and the
+    live state disagree, or the window cuts through long stays)."""
 
     boundary: str
     mean_in_system: float
@@ -110,6 +113,14 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     prefix_hit_ratio: float | None
     """Prompt tokens served from prefix caches / prompt tokens looked up at admission
     (admissions after a preemption included); None when nothing was looked up."""
+    replica_hours: float = 0.0
+    """Replica-hours provisioned (with an autoscaler or lost replicas, not replicas × run)."""
+    replicas_max: int = 0
+    """The most replicas provisioned at once."""
+    calls_lost_with_replicas: int = 0
+    """Attempts that were on a replica when a fault took it."""
+    tool_failures: int = 0
+    """Tool calls to downstream services that timed out or were refused."""
 
 
 class Accounting(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,11 +159,30 @@ class Accounting(msgspec.Struct, frozen=True, kw_only=True):
     """Attempts offered in all: first attempts plus the clients' retries of shed calls."""
 
     amplification: float
-    """``attempts / offered_calls`` (1 without retries)."""
+    """``(attempts + duplicates_sent) / offered_calls``: calls sent per call offered,
+    retries and duplicates included (1 without either)."""
+
+    duplicates_sent: int = 0
+    """Duplicate submissions that reached the replicas (no gateway recognised them)."""
+
+    duplicates_coalesced: int = 0
+    """Duplicate submissions the gateway attached to the call in flight."""
+
+    duplicate_output_tokens: int = 0
+    """Output tokens computed by the copy of a duplicated call that did not answer."""
 
     cancelled_by_patience: int
     """Of ``cancelled``: calls whose client gave up without a first token within its
     ``clients.patience_s`` (the rest are losing ``first`` branches)."""
+
+
+class OutcomeGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """Calls that ended in one terminal state, and how long they took to get there."""
+
+    name: str
+    calls: int
+    time_to_end: LatencySummary
+    """From the first offer to the end (served, shed, cancelled, timed out, failed)."""
 
 
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,8 +203,14 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     by_tenant: list[Group]
     by_priority: list[Group]
     by_length: list[Group]
+    by_retry: list[Group]
+    """Calls served on their first attempt, and calls retried at least once."""
+    by_outcome: list[OutcomeGroup]
     timeline: Timeline
     little: Little
+    little_boundaries: list[Little]
+    """Little's law at every boundary: tasks, the gateway (calls offered and not ended),
+    the replicas (admitted sequences and waiting requests) and the KV blocks."""
     engine: EngineStats
     accounting: Accounting
 
@@ -203,7 +239,10 @@ def _accounting(out: SimOutcome) -> Accounting:
             reason: int(shed_counts[i]) for i, reason in enumerate(SHED_REASONS) if shed_counts[i]
         },
         attempts=attempts,
-        amplification=attempts / offered if offered else 1.0,
+        amplification=(attempts + out.duplicates_sent) / offered if offered else 1.0,
+        duplicates_sent=out.duplicates_sent,
+        duplicates_coalesced=out.duplicates_coalesced,
+        duplicate_output_tokens=out.duplicate_output_tokens,
         cancelled_by_patience=out.cancelled_by_patience,
     )
 
@@ -296,6 +335,34 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
         out.timeline_s,
         occupancy,
     )
+    boundaries = [
+        _little(
+            little_check(
+                "tasks (arrival to finish or failure)",
+                w.task_arrival_s,
+                out.task_end_s,
+                0.0,
+                out.end_s,
+                out.timeline_s,
+                out.timeline_tasks.astype(np.float64),
+            )
+        ),
+        _little(
+            little_check(
+                "gateway (calls offered, not yet ended)",
+                c.arrival_s,
+                c.finish_s,
+                0.0,
+                out.end_s,
+                out.timeline_s,
+                out.timeline_calls.astype(np.float64),
+            )
+        ),
+        _little(little),
+        _kv_little(w, out),
+    ]
+    retried = c.attempts >= 2
+    ended = c.outcome != OUTCOMES.index("not_offered")
     return SimResult(
         schema=SCHEMA,
         workload=w.spec.name,
@@ -335,20 +402,28 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             for i in range(len(LENGTH_BUCKETS))
             if (buckets == i).any()
         ],
+        by_retry=[
+            group(name, mask & ended)
+            for name, mask in (("first attempt", ~retried), ("retried", retried))
+            if (mask & ended).any()
+        ],
+        by_outcome=[
+            OutcomeGroup(
+                name=name,
+                calls=int((c.outcome == i).sum()),
+                time_to_end=summarize((c.finish_s - c.arrival_s)[c.outcome == i]),
+            )
+            for i, name in enumerate(OUTCOMES)
+            if name not in ("not_offered", "in_flight") and (c.outcome == i).any()
+        ],
         timeline=Timeline(
             time_s=out.timeline_s.tolist(),
             running=out.timeline_running.tolist(),
             waiting=out.timeline_waiting.tolist(),
             kv_usage=out.timeline_kv_usage.tolist(),
         ),
-        little=Little(
-            boundary=little.boundary,
-            mean_in_system=little.mean_in_system,
-            arrival_rate_per_s=little.arrival_rate_per_s,
-            mean_time_in_system_s=little.mean_time_in_system_s,
-            lambda_w=little.lambda_w,
-            relative_mismatch=little.relative_mismatch,
-        ),
+        little=_little(little),
+        little_boundaries=boundaries,
         engine=EngineStats(
             replicas=num_replicas,
             kv_blocks_per_replica=out.replica_num_blocks,
@@ -362,9 +437,47 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
                 if out.prefix_queried_tokens
                 else None
             ),
+            replica_hours=out.replica_s / 3600.0,
+            replicas_max=out.replicas_provisioned_max,
+            calls_lost_with_replicas=out.calls_lost_with_replicas,
+            tool_failures=out.tool_failures,
         ),
         accounting=_accounting(out),
     )
+
+
+def _little(check: LittleCheck) -> Little:
+    return Little(
+        boundary=check.boundary,
+        mean_in_system=check.mean_in_system,
+        arrival_rate_per_s=check.arrival_rate_per_s,
+        mean_time_in_system_s=check.mean_time_in_system_s,
+        lambda_w=check.lambda_w,
+        relative_mismatch=check.relative_mismatch,
+    )
+
+
+def _kv_little(w: CompiledWorkload, out: SimOutcome) -> Little:
+    """Little's law in block-seconds: the sampled blocks held against the block-seconds
+    the completed calls' records imply (prompt blocks from admission, plus output blocks
+    growing linearly from the first token to the finish). Prefix sharing, preemption and
+    calls still running at the end make the two differ; the mismatch says by how much."""
+    c = out.calls
+    block = max(int(out.replica_block_size), 1)
+    done = (c.outcome == OUTCOMES.index("completed")) & np.isfinite(c.admitted_s)
+    prompt = np.ceil(w.call_input_tokens[done] / block)
+    output = np.ceil(c.num_output_tokens[done] / block)
+    prefill_s = c.first_token_s[done] - c.admitted_s[done]
+    decode_s = c.finish_s[done] - c.first_token_s[done]
+    block_s = float((prompt * (prefill_s + decode_s) + output * decode_s / 2.0).sum())
+    span = max(out.end_s, 1e-9)
+    held = float((prompt + output).sum())
+    inside = out.timeline_s <= out.end_s
+    mean_l = float(out.timeline_kv_blocks[inside].mean()) if inside.any() else math.nan
+    check = LittleCheck(
+        "KV blocks (held by requests)", mean_l, held / span, block_s / held if held else 0.0
+    )
+    return _little(check)
 
 
 def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:

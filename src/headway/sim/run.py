@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from headway.core.policy.autoscaler import Autoscaler
 from headway.core.policy.routing import Router
 from headway.core.trace_data import TraceData
 from headway.core.workload.compile import CompiledWorkload, compile_workload
@@ -31,7 +32,17 @@ def simulate_compiled(
             block_size=cluster.engine.block_size,
         )
     router = Router(kind=cluster.router)
-    outcome = Simulator(workload, replicas, router, options, gateway).run()
+    autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)
+    outcome = Simulator(
+        workload,
+        replicas,
+        router,
+        options,
+        gateway,
+        faults=cluster.faults,
+        autoscaler=autoscaler,
+        new_replica=lambda: build_replica(cluster, step_time),
+    ).run()
     return build_result(workload, outcome, cluster.replicas), outcome
 
 

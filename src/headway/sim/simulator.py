@@ -29,17 +29,19 @@ have left it (``tests/unit/sim/test_skipping.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
+from headway.core.downstream import DownstreamConfig, DownstreamService
 from headway.core.engine.kv import chain_block_hashes, expand_block_hashes
 from headway.core.engine.replica import DecodeRun, ReplicaModel, StepResult
 from headway.core.engine.scheduler import EngineRequest
 from headway.core.policy.admission import AdmissionRequest
+from headway.core.policy.autoscaler import Autoscaler, AutoscalerSignals, ScaleDown, ScaleUp
 from headway.core.policy.decisions import Admit, Enqueue, ShedReason
 from headway.core.policy.queues import BANDS, Queued
 from headway.core.policy.retries import (
@@ -52,6 +54,7 @@ from headway.core.policy.retries import (
 from headway.core.policy.routing import Router, RouteRequest
 from headway.core.workload.compile import CompiledWorkload
 from headway.core.workload.distributions import sample
+from headway.sim.faults import CacheFlush, Fault, Slowdown
 from headway.sim.gateway import SimGateway
 from headway.sim.kernel import BOUNDARY, DISPATCH, SAMPLE, EventQueue
 
@@ -67,13 +70,18 @@ _GATEWAY_EXPIRY = 4  # a queued call's deadline: the gateway expires what is pas
 _RETRY = 5  # a: call; its client offers it again after a shed
 _PATIENCE = 6  # a: call; its client's patience runs out (cancel if no token yet)
 _ATTEMPT_TIMEOUT = 7  # a: call, b: attempt; the client's per-attempt timeout fires
+_FAULT = 8  # a: index into the faults; b: 1 when a slowdown ends
+_AUTOSCALE = 9  # the autoscaler evaluates its signals
+_REPLICA_READY = 10  # a: replica; a started replica becomes ready
+_TOOL_CALL = 11  # a: call whose step's tool calls run, b: index of the tool call
+_DUPLICATE = 12  # a: call; its client, still waiting, may submit it again
 
 _ATTEMPT_CODES = 128
 """A queued gateway item is ``call * _ATTEMPT_CODES + attempt`` (``max_attempts`` <= 100),
 so that an entry left behind by an abandoned attempt is told from its retry's."""
 
 # Random streams (with the workload's seed) of the clients' draws.
-_PATIENCE_STREAM, _RETRY_STREAM = 101, 102
+_PATIENCE_STREAM, _RETRY_STREAM, _DUPLICATE_STREAM = 101, 102, 103
 
 # Call outcomes (CallRecords.outcome): the index into OUTCOMES.
 OUTCOMES = ("not_offered", "in_flight", "completed", "shed", "cancelled", "timed_out", "failed")
@@ -176,6 +184,7 @@ class SimOutcome:
     num_events: int
     end_s: float
     replica_num_blocks: int
+    replica_block_size: int = 16
     gateway_preset: str = "fifo-unbounded"
     cancelled_by_patience: int = 0
     """Calls their clients cancelled for want of a first token within ``patience_s``."""
@@ -183,6 +192,31 @@ class SimOutcome:
     """Prompt tokens looked up in the prefix caches at admission, all replicas."""
     prefix_hit_tokens: int = 0
     """Of those, tokens served from a cache (not recomputed)."""
+    replica_s: float = 0.0
+    """Replica-seconds provisioned (started or starting, until stopped or the end)."""
+    replicas_provisioned_max: int = 0
+    """The most replicas provisioned at once."""
+    calls_lost_with_replicas: int = 0
+    """Attempts that were on a replica when it was lost."""
+    tool_failures: int = 0
+    """Tool calls to a downstream service that timed out or were refused, ending their
+    task."""
+    duplicates_sent: int = 0
+    """Duplicates clients submitted that reached the replicas (no gateway to recognise
+    them): the same call computed twice."""
+    duplicates_coalesced: int = 0
+    """Duplicates the gateway recognised by idempotency key and attached to the call in
+    flight (no new work)."""
+    duplicate_output_tokens: int = 0
+    """Output tokens computed by the copy of a duplicated call that did not answer it."""
+    task_end_s: FloatArray = field(default_factory=lambda: np.empty(0))
+    """Per task: when it left the system, finished or failed (NaN: still in it)."""
+    timeline_tasks: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: tasks in the system."""
+    timeline_calls: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: calls offered and not yet ended (the gateway boundary)."""
+    timeline_kv_blocks: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: KV blocks held by requests, all replicas."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -195,18 +229,23 @@ class _Driver:
     """
 
     __slots__ = (
+        "alive",
+        "draining",
         "index",
         "model",
         "outstanding_requests",
         "outstanding_tokens",
         "pending_finished",
+        "pending_loss",
         "ready",
         "reserved_kv_blocks",
         "revision",
         "run_start_s",
         "run_steps",
+        "started_s",
         "state",
         "step_result",
+        "stopped_s",
         "version",
     )
 
@@ -229,6 +268,17 @@ class _Driver:
         it. Token-aware admission keeps the sum within the pool."""
         self.revision: str | None = None
         self.ready = True
+        """The router may choose it (started, not lost, not draining)."""
+        self.alive = True
+        """Not lost to a fault, not removed by the autoscaler."""
+        self.draining = False
+        """Removed by the autoscaler: it finishes its calls and takes no new ones."""
+        self.pending_loss: str | None = None
+        """A ``replica_lost`` fault waiting for a step of this phase to strike."""
+        self.started_s = 0.0
+        """When it was provisioned (billing starts)."""
+        self.stopped_s: float | None = None
+        """When it stopped (lost, or drained after a scale-down); None: still up."""
 
     @property
     def free_kv_blocks(self) -> int:
@@ -251,9 +301,15 @@ class Simulator:
         router: Router,
         options: SimOptions | None = None,
         gateway: SimGateway | None = None,
+        *,
+        faults: Sequence[Fault] = (),
+        autoscaler: Autoscaler | None = None,
+        new_replica: Callable[[], ReplicaModel] | None = None,
     ) -> None:
         """``gateway``: the ``headway-default`` gateway in front of the router; None sends
-        every call to the router at once (``fifo-unbounded``)."""
+        every call to the router at once (``fifo-unbounded``). ``faults``: injected
+        during the run. ``autoscaler`` adds replicas built by ``new_replica`` and drains
+        them again."""
         if not replicas:
             raise ValueError("a simulation needs at least one replica")
         self.w = workload
@@ -291,6 +347,10 @@ class Simulator:
             self._patience_s = sample(patience, n, rng).tolist()
         self._init_clients(workload)
         self.task_finish_s = np.full(workload.num_tasks, np.nan)
+        self._task_end_s = [math.nan] * workload.num_tasks
+        self._live_tasks = 0
+        self._live_calls = 0
+        """Tasks and calls in the system now (for the Little's-law checks)."""
         # Per task: index of the current step, calls of it still running.
         self._task_step = [0] * workload.num_tasks
         self._task_left = [0] * workload.num_tasks
@@ -328,6 +388,28 @@ class Simulator:
         self.gateway = gateway
         if gateway is not None:
             self._init_gateway(workload)
+        self.faults = list(faults)
+        self.autoscaler = autoscaler
+        if autoscaler is not None and new_replica is None:
+            raise ValueError("an autoscaler needs new_replica to build the replicas it adds")
+        self._new_replica = new_replica
+        self._initial_replicas = len(replicas)
+        self._all_eligible = True
+        """Every replica is ready (no fault, no scaling yet): the router's shortcut holds."""
+        self._slowdown = 1.0
+        self._num_lost_calls = 0
+        self._scale_events: list[tuple[float, int]] = []
+        """(time, replicas provisioned) after every change of the pool."""
+        self._window_wait_s = 0.0
+        self._window_admitted = 0
+        self._window_tokens = 0
+        self._services = [
+            DownstreamService(DownstreamConfig.from_service(workload.spec.services[name]))
+            for name in workload.service_names
+        ]
+        self._call_service = workload.call_tool_service.tolist()
+        self._num_tool_failures = 0
+        self._init_duplicates(workload)
 
     # ------------------------------------------------------------------ main loop
 
@@ -341,7 +423,15 @@ class Simulator:
         sample_times = np.linspace(0.0, horizon, samples) if samples > 0 else np.empty(0)
         for t in sample_times.tolist():
             events.push(t, SAMPLE, _SAMPLE)
+        for i, fault in enumerate(self.faults):
+            events.push(fault.at_s, DISPATCH, _FAULT, i)
+            if isinstance(fault, Slowdown):
+                events.push(fault.until_s, DISPATCH, _FAULT, i, 1)
+        if self.autoscaler is not None:
+            events.push(0.0, DISPATCH, _AUTOSCALE)
+        self._horizon_s = horizon
         self._timeline: list[tuple[float, int, int, float]] = []
+        self._boundary_samples: list[tuple[int, int, int]] = []
         next_task = 0
         num_tasks = len(arrivals)
         num_events = 0
@@ -380,9 +470,20 @@ class Simulator:
                 self._patience_over(a, now)
             elif kind == _ATTEMPT_TIMEOUT:
                 self._attempt_timed_out(a, b, now)
+            elif kind == _FAULT:
+                self._fault(a, b, now)
+            elif kind == _AUTOSCALE:
+                self._autoscale(now)
+            elif kind == _REPLICA_READY:
+                self._replica_ready(a, now)
+            elif kind == _TOOL_CALL:
+                self._tool_call(a, b, now)
+            elif kind == _DUPLICATE:
+                self._duplicate(a, now)
         self._flush_itl()
         self._settle_output_tokens()
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
+        at = np.array(self._boundary_samples) if self._boundary_samples else np.zeros((0, 3))
         return SimOutcome(
             calls=self._call_records(),
             task_finish_s=self.task_finish_s,
@@ -397,39 +498,66 @@ class Simulator:
             num_events=num_events,
             end_s=now,
             replica_num_blocks=self.drivers[0].model.scheduler.pool.num_blocks,
+            replica_block_size=self._block_size,
             gateway_preset="fifo-unbounded" if self.gateway is None else "headway-default",
             cancelled_by_patience=self._num_impatient,
             prefix_queried_tokens=sum(
                 d.model.scheduler.num_prefix_queried_tokens for d in self.drivers
             ),
             prefix_hit_tokens=sum(d.model.scheduler.num_prefix_hit_tokens for d in self.drivers),
+            replica_s=sum(
+                (now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers
+            ),
+            replicas_provisioned_max=max(
+                [self._initial_replicas] + [n for _, n in self._scale_events]
+            ),
+            calls_lost_with_replicas=self._num_lost_calls,
+            tool_failures=self._num_tool_failures,
+            duplicates_sent=self._duplicates_sent,
+            duplicates_coalesced=self._duplicates_coalesced,
+            duplicate_output_tokens=self._duplicate_tokens,
+            task_end_s=np.array(self._task_end_s, dtype=np.float64),
+            timeline_tasks=at[:, 0].astype(np.int64),
+            timeline_calls=at[:, 1].astype(np.int64),
+            timeline_kv_blocks=at[:, 2].astype(np.int64),
         )
 
     def _call_records(self) -> CallRecords:
-        """The per-call lists as the arrays of :class:`CallRecords`."""
+        """The per-call lists as the arrays of :class:`CallRecords`: one row per call of
+        the workload; a call its client's duplicate answered takes the duplicate's
+        timings (the user saw that copy), keeping its own arrival."""
+        n = self.w.num_calls
+        dispatch_s, admitted_s = self._dispatch_s, self._admitted_s
+        first_token_s, itl_max_s, replica = self._first_token_s, self._itl_max_s, self._replica
+        for j, d in self._answered_by.items():
+            dispatch_s[j], admitted_s[j] = dispatch_s[d], admitted_s[d]
+            first_token_s[j], itl_max_s[j], replica[j] = first_token_s[d], itl_max_s[d], replica[d]
+            self._num_output_tokens[j] = self._num_output_tokens[d]
         return CallRecords(
-            dispatch_s=np.array(self._dispatch_s, dtype=np.float64),
-            admitted_s=np.array(self._admitted_s, dtype=np.float64),
-            first_token_s=np.array(self._first_token_s, dtype=np.float64),
-            finish_s=np.array(self._finish_s, dtype=np.float64),
-            num_output_tokens=np.array(self._num_output_tokens, dtype=np.int64),
-            itl_max_s=np.array(self._itl_max_s, dtype=np.float64),
-            num_preemptions=np.array(self._num_preemptions, dtype=np.int64),
-            replica=np.array(self._replica, dtype=np.int64),
-            cancelled=np.array(self._cancelled, dtype=np.bool_),
-            arrival_s=np.array(self._arrival_s, dtype=np.float64),
+            dispatch_s=np.array(dispatch_s[:n], dtype=np.float64),
+            admitted_s=np.array(admitted_s[:n], dtype=np.float64),
+            first_token_s=np.array(first_token_s[:n], dtype=np.float64),
+            finish_s=np.array(self._finish_s[:n], dtype=np.float64),
+            num_output_tokens=np.array(self._num_output_tokens[:n], dtype=np.int64),
+            itl_max_s=np.array(itl_max_s[:n], dtype=np.float64),
+            num_preemptions=np.array(self._num_preemptions[:n], dtype=np.int64),
+            replica=np.array(replica[:n], dtype=np.int64),
+            cancelled=np.array(self._cancelled[:n], dtype=np.bool_),
+            arrival_s=np.array(self._arrival_s[:n], dtype=np.float64),
             outcome=np.array(
-                [_FAILED if o == _IN_FLIGHT else o for o in self._outcome], dtype=np.int8
+                [_FAILED if o == _IN_FLIGHT else o for o in self._outcome[:n]], dtype=np.int8
             ),
-            shed_reason=np.array(self._shed_reason, dtype=np.int8),
-            retry_after_s=np.array(self._retry_after_s, dtype=np.float64),
-            attempts=np.array(self._attempts, dtype=np.int64),
+            shed_reason=np.array(self._shed_reason[:n], dtype=np.int8),
+            retry_after_s=np.array(self._retry_after_s[:n], dtype=np.float64),
+            attempts=np.array(self._attempts[:n], dtype=np.int64),
         )
 
     # ------------------------------------------------------------------ tasks and calls
 
     def _dispatch_step(self, task: int, step: int, now: float) -> None:
         """Send the calls of a task's step to the router."""
+        if step == 0:
+            self._live_tasks += 1
         branches = self._calls_per_step[self._task_class[task]]
         first = self._call_first[task] + step * branches
         self._task_step[task] = step
@@ -446,22 +574,47 @@ class Simulator:
         self._attempts[j] += 1
         if self._attempts[j] == 1:
             self._first_attempt(j, now)
+        choice = self._route(j, now)
+        if choice < 0:
+            self._retry_or_end(j, now, FailureKind.CONNECT_ERROR, _FAILED)
+            return
         self._start_attempt_timer(j, now)
-        self._send(j, self._route(j, now), now)
+        self._send(j, choice, now)
 
     def _first_attempt(self, j: int, now: float) -> None:
         """Call ``j`` is offered for the first time: it is in flight, its client counts
         one original request against the retry budget, and its patience starts."""
         self._arrival_s[j] = now
         self._outcome[j] = _IN_FLIGHT
+        self._live_calls += 1
         self._retry_policy.record_request(now)
         if self._patience_s is not None:
             self.events.push(now + self._patience_s[j], DISPATCH, _PATIENCE, j)
+        if j in self._dup_row:
+            self.events.push(now + self._duplicate_after_s, DISPATCH, _DUPLICATE, j)
+
+    def _duplicate(self, j: int, now: float) -> None:
+        """Call ``j``'s client has waited ``duplicate_after_s`` without a token and submits
+        the same call again (seed 000). A gateway recognises the idempotency key and
+        attaches it to the call in flight; without one it is new work for the replicas."""
+        if self._outcome[j] != _IN_FLIGHT or self._first_token_s[j] <= now:
+            return
+        if self.gateway is not None:
+            self._duplicates_coalesced += 1
+            return
+        d = self._dup_row[j]
+        choice = self._route(d, now)
+        if choice < 0:
+            return
+        self._duplicates_sent += 1
+        self._arrival_s[d] = now
+        self._outcome[d] = _IN_FLIGHT
+        self._send(d, choice, now)
 
     def _route(self, j: int, now: float) -> int:
         """The replica the router picks for call ``j`` at ``now``."""
         prompt, output = self._call_in[j], self._call_out[j]
-        if self._least_outstanding and not self._paranoid:
+        if self._least_outstanding and self._all_eligible and not self._paranoid:
             choice = self.router.route_all_eligible(self._outstanding)
         else:
             request = RouteRequest(
@@ -473,10 +626,12 @@ class Simulator:
                 for d in self.drivers:
                     self._materialize(d, now)
             picked = self.router.route(now, request, self.drivers)
-            if picked is None:  # no eligible replica: cannot happen without revisions or faults
-                raise RuntimeError(f"no replica may take call {j}")
-            if self._least_outstanding and picked != self.router.route_all_eligible(
-                self._outstanding
+            if picked is None:
+                return -1  # every replica is lost, starting or draining
+            if (
+                self._least_outstanding
+                and self._all_eligible
+                and picked != self.router.route_all_eligible(self._outstanding)
             ):
                 raise RuntimeError(f"call {j}: the router picked {picked}, the shortcut not")
             choice = picked
@@ -523,17 +678,34 @@ class Simulator:
             source_block_tokens=block_tokens,
         )
 
-    def _call_finished(self, j: int, now: float, driver: _Driver) -> None:
-        self._finish_s[j] = now
-        self._outcome[j] = _COMPLETED
-        self._num_output_tokens[j] = self._call_out[j]  # a finished call emitted all
+    def _call_finished(self, r: int, now: float, driver: _Driver) -> None:
+        """Engine request ``r`` finished: a call, or a client's duplicate of one. The first
+        copy to finish answers the call; a copy finishing after it was wasted work."""
+        self._finish_s[r] = now
+        self._num_output_tokens[r] = self._call_out[r]  # a finished call emitted all
         driver.outstanding_requests -= 1
         self._outstanding[driver.index] -= 1
-        driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+        driver.outstanding_tokens -= self._call_in[r] + self._call_out[r]
         if self.gateway is not None:
-            self._measure_speeds(j, now)
-            self._left_replicas(j)
+            self._measure_speeds(r, now)
+            self._left_replicas(r)
             self._pump(now)
+        j = r
+        if r >= self.w.num_calls:
+            j = self._dup_of[r - self.w.num_calls]
+            self._outcome[r] = _COMPLETED
+            if self._outcome[j] == _IN_FLIGHT:
+                self._answered_by[j] = r
+                self._finish_s[j] = now
+            else:
+                self._duplicate_tokens += self._call_out[r]
+        elif self._outcome[j] != _IN_FLIGHT:
+            self._duplicate_tokens += self._call_out[r]  # its duplicate answered first
+            return
+        if self._outcome[j] != _IN_FLIGHT:
+            return
+        self._outcome[j] = _COMPLETED
+        self._live_calls -= 1
         task = self._call_task[j]
         if self._task_left[task] <= 0:  # a losing branch finishing after the winner
             return
@@ -547,9 +719,33 @@ class Simulator:
         step = self._task_step[task]
         if step + 1 >= self._task_steps[task]:
             self.task_finish_s[task] = now
+            self._task_ended(task, now)
+            return
+        if self._call_service[j] >= 0 and self.w.call_tool_count[j] > 0:
+            self._tool_call(j, 0, now)
             return
         tool_s = self._call_tool[j]
         self.events.push(now + tool_s, DISPATCH, _STEP_DISPATCH, task, step + 1)
+
+    def _tool_call(self, j: int, index: int, now: float) -> None:
+        """Tool call ``index`` after call ``j``'s step goes to its downstream service at
+        ``now``; its response starts the next tool call, or the task's next step. A call
+        that times out or is refused ends the task (its later calls are not offered)."""
+        w = self.w
+        service = self._services[self._call_service[j]]
+        service_s = float(w.tool_service_s[int(w.call_tool_first[j]) + index])
+        result = service.submit(now, service_s)
+        if result.timed_out or result.refused:
+            self._num_tool_failures += 1
+            self._task_ended(self._call_task[j], now)
+            return
+        if index + 1 < int(w.call_tool_count[j]):
+            self.events.push(result.response_s, DISPATCH, _TOOL_CALL, j, index + 1)
+            return
+        task = self._call_task[j]
+        self.events.push(
+            result.response_s, DISPATCH, _STEP_DISPATCH, task, self._task_step[task] + 1
+        )
 
     def _cancel_siblings(self, task: int, winner: int, now: float) -> None:
         branches = self._calls_per_step[self._task_class[task]]
@@ -567,8 +763,12 @@ class Simulator:
         waiting to retry. False when its replica had already finished it."""
         if not self._withdraw(j, now):
             return False
+        d = self._dup_row.get(j, -1)
+        if d >= 0 and self._outcome[d] == _IN_FLIGHT and self._withdraw(d, now):
+            self._outcome[d] = _CANCELLED
         self._cancelled[j] = True
         self._outcome[j] = _CANCELLED
+        self._live_calls -= 1
         self._finish_s[j] = now
         return True
 
@@ -605,6 +805,127 @@ class Simulator:
         if self.gateway is not None:
             self._pump(now)
         self._call_unserved(j, now)
+
+    # ------------------------------------------------------------------ faults and scaling
+
+    def _fault(self, index: int, ending: int, now: float) -> None:
+        """Apply fault ``index`` at ``now`` (``ending``: a slowdown's end)."""
+        fault = self.faults[index]
+        if isinstance(fault, Slowdown):
+            factor = fault.factor if not ending else 1.0 / fault.factor
+            self._slowdown *= factor
+            for d in self.drivers:
+                if d.alive:
+                    self._materialize(d, now)  # steps begun before now keep their speed
+                    d.model.set_time_scale(self._slowdown)
+        elif isinstance(fault, CacheFlush):
+            for d in self.drivers:
+                if d.alive:
+                    self._materialize(d, now)
+                    d.model.scheduler.pool.drop_cached()
+        else:
+            live = [d for d in self.drivers if d.alive and d.pending_loss is None]
+            for d in live[::-1][: fault.replicas]:
+                if fault.phase == "any":
+                    self._lose(d, now)
+                else:
+                    d.pending_loss = fault.phase
+
+    def _lose(self, driver: _Driver, now: float) -> None:
+        """Replica ``driver`` fails at ``now``: the attempts on it fail (their clients may
+        retry them elsewhere), and the router never chooses it again."""
+        self._materialize(driver, now)
+        sched = driver.model.scheduler
+        calls = [cast("int", r.request_id) for r in (*sched.running, *sched.waiting())]
+        driver.alive = driver.ready = False
+        driver.pending_loss = None
+        driver.state = _IDLE
+        driver.version += 1  # its pending boundary is void
+        driver.stopped_s = now
+        self._all_eligible = False
+        self._provisioned_changed(now)
+        for j in calls:
+            driver.model.abort(j)
+            driver.outstanding_requests -= 1
+            self._outstanding[driver.index] -= 1
+            driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+            if self.gateway is not None:
+                self._left_replicas(j)
+            self._num_lost_calls += 1
+            self._retry_or_end(j, now, FailureKind.UPSTREAM_ERROR, _FAILED)
+        if self.gateway is not None:
+            self._set_gateway_replicas(now)
+
+    def _strike_pending_loss(self, driver: _Driver, now: float, prefill: bool) -> bool:
+        """Lose ``driver`` now if a loss waits for a step of the phase it starts."""
+        phase = driver.pending_loss
+        if phase is None or (phase == "prefill") != prefill:
+            return False
+        self._lose(driver, now)
+        return True
+
+    def _provisioned_changed(self, now: float) -> None:
+        up = sum(1 for d in self.drivers if d.stopped_s is None)
+        self._scale_events.append((now, up))
+
+    def _set_gateway_replicas(self, now: float) -> None:
+        """The gateway's dispatch slots follow the ready replicas."""
+        assert self.gateway is not None
+        self.gateway.set_replicas(sum(1 for d in self.drivers if d.ready))
+        self._pump(now)
+
+    def _autoscale(self, now: float) -> None:
+        """The autoscaler reads its signals over the last interval and acts."""
+        scaler = self.autoscaler
+        assert scaler is not None
+        interval_s = scaler.config.evaluation_interval_s
+        ready = [d for d in self.drivers if d.ready]
+        starting = sum(1 for d in self.drivers if d.alive and not d.ready and not d.draining)
+        signals = AutoscalerSignals(
+            ready_replicas=len(ready),
+            starting_replicas=starting,
+            queue_delay_s=(
+                self._window_wait_s / self._window_admitted if self._window_admitted else 0.0
+            ),
+            admitted_tokens_per_s=self._window_tokens / interval_s,
+            kv_occupancy=(sum(d.model.kv_usage for d in ready) / len(ready)) if ready else 1.0,
+        )
+        self._window_wait_s, self._window_admitted, self._window_tokens = 0.0, 0, 0
+        decision = scaler.decide(now, signals)
+        if isinstance(decision, ScaleUp):
+            assert self._new_replica is not None
+            for _ in range(decision.count):
+                driver = _Driver(len(self.drivers), self._new_replica())
+                driver.ready = False
+                driver.started_s = now
+                self.drivers.append(driver)
+                self._outstanding.append(0)
+                self.events.push(decision.ready_at_s, DISPATCH, _REPLICA_READY, driver.index)
+            self._all_eligible = False
+            self._provisioned_changed(now)
+        elif isinstance(decision, ScaleDown):
+            for d in ready[::-1][: decision.count]:
+                d.ready = False
+                d.draining = True
+                self._all_eligible = False
+                if not d.model.scheduler.has_unfinished_requests:
+                    d.alive = False
+                    d.stopped_s = now
+            self._provisioned_changed(now)
+            if self.gateway is not None:
+                self._set_gateway_replicas(now)
+        busy = any(d.model.scheduler.has_unfinished_requests for d in self.drivers)
+        if now + interval_s <= self._horizon_s or busy:
+            self.events.push(now + interval_s, DISPATCH, _AUTOSCALE)
+
+    def _replica_ready(self, index: int, now: float) -> None:
+        """A replica the autoscaler started is ready for traffic."""
+        driver = self.drivers[index]
+        if not driver.alive or driver.draining:
+            return
+        driver.ready = True
+        if self.gateway is not None:
+            self._set_gateway_replicas(now)
 
     # ------------------------------------------------------------------ the gateway
 
@@ -651,6 +972,55 @@ class Simulator:
         self._class_e2e_s = [c.slo.e2e_s for c in classes]
         self._class_task_deadline_s = [c.slo.task_deadline_s for c in classes]
 
+    def _init_duplicates(self, workload: CompiledWorkload) -> None:
+        """Rows for the duplicates clients may submit: each call's client is drawn once
+        (``duplicate_probability``, seeded) to resubmit if still waiting after
+        ``duplicate_after_s``; a drawn call gets a row past the workload's calls, a copy of
+        its inputs, used only if the duplicate is sent."""
+        clients = workload.spec.clients
+        self._dup_of: list[int] = []
+        self._dup_row: dict[int, int] = {}
+        self._answered_by: dict[int, int] = {}
+        self._duplicates_sent = self._duplicates_coalesced = self._duplicate_tokens = 0
+        self._duplicate_after_s = clients.duplicate_after_s or 0.0
+        if clients.duplicate_after_s is None or clients.duplicate_probability <= 0:
+            return
+        n = workload.num_calls
+        rng = np.random.default_rng([workload.seed, _DUPLICATE_STREAM])
+        chosen = np.flatnonzero(rng.random(n) < clients.duplicate_probability).tolist()
+        self._dup_of = chosen
+        self._dup_row = {j: n + k for k, j in enumerate(chosen)}
+        for inputs in (
+            self._call_in,
+            self._call_out,
+            self._call_prio,
+            self._call_prefix_row,
+            self._call_task,
+            self._call_tool,
+            self._call_service,
+        ):
+            inputs.extend([inputs[j] for j in chosen])
+        m = len(chosen)
+        nan = math.nan
+        for column in (
+            self._dispatch_s,
+            self._admitted_s,
+            self._first_token_s,
+            self._finish_s,
+            self._last_token_s,
+            self._arrival_s,
+            self._retry_after_s,
+        ):
+            column.extend([nan] * m)
+        self._num_output_tokens.extend([0] * m)
+        self._itl_max_s.extend([0.0] * m)
+        self._num_preemptions.extend([0] * m)
+        self._replica.extend([-1] * m)
+        self._cancelled.extend([False] * m)
+        self._outcome.extend([_NOT_OFFERED] * m)
+        self._shed_reason.extend([-1] * m)
+        self._attempts.extend([0] * m)
+
     def _start_attempt_timer(self, j: int, now: float) -> None:
         """The client's per-attempt timeout for the attempt of call ``j`` sent at ``now``."""
         if self._attempt_timeout_s is not None:
@@ -670,22 +1040,34 @@ class Simulator:
             return
         if not self._withdraw(j, now):
             return
-        self._replica[j] = -1
-        self._admitted_s[j] = math.nan
-        self._dispatch_s[j] = math.nan
         if self.gateway is not None:
             self._pump(now)
+        self._retry_or_end(j, now, FailureKind.TIMEOUT, _TIMED_OUT)
+
+    def _retry_or_end(self, j: int, now: float, kind: FailureKind, final: int) -> None:
+        """Call ``j``'s current attempt failed (``kind``) and is out of every replica and
+        queue: its client retries it under the retry policy, or the call ends ``final``."""
         deadline_s, renews = self._deadline(j, now)
         outcome = AttemptOutcome(
-            kind=FailureKind.TIMEOUT,
+            kind=kind,
+            first_token_received=self._first_token_s[j] <= now,
             idempotent=self._class_idempotent[self._task_class[self._call_task[j]]],
             deadline_s=None if renews else deadline_s,
         )
-        retry = self._retry_policy.next_attempt(now, attempt, outcome, None, self._retry_rng)
+        retry = self._retry_policy.next_attempt(
+            now, self._attempts[j], outcome, None, self._retry_rng
+        )
         if isinstance(retry, RetryAfter):
+            self._replica[j] = -1
+            self._admitted_s[j] = math.nan
+            self._dispatch_s[j] = math.nan
+            self._first_token_s[j] = math.nan
+            self._last_token_s[j] = math.nan
+            self._itl_max_s[j] = 0.0
             self.events.push(now + retry.delay_s, DISPATCH, _RETRY, j)
             return
-        self._outcome[j] = _TIMED_OUT
+        self._outcome[j] = final
+        self._live_calls -= 1
         self._finish_s[j] = now
         self._call_unserved(j, now)
 
@@ -712,6 +1094,9 @@ class Simulator:
         if self._attempts[j] == 1:
             self._first_attempt(j, now)
         choice = self._route(j, now)
+        if choice < 0:
+            self._retry_or_end(j, now, FailureKind.CONNECT_ERROR, _FAILED)
+            return
         driver = self.drivers[choice]
         self._materialize(driver, now)
         deadline_s, renews = self._deadline(j, now)
@@ -762,6 +1147,8 @@ class Simulator:
                 self.events.push(now + retry.delay_s, DISPATCH, _RETRY, j)
                 return
             self._outcome[j] = _SHED
+            self._live_calls -= 1
+            self._finish_s[j] = now
             self._shed_reason[j] = _SHED_CODE[decision.reason]
             self._call_unserved(j, now)
 
@@ -795,6 +1182,8 @@ class Simulator:
             if j < 0:
                 return True  # cancelled or abandoned while it waited: pop it to drop it
             choice = self._route(j, now)
+            if choice < 0:
+                return False  # no replica may take it now: it keeps its place
             chosen.append(choice)
             driver = self.drivers[choice]
             return driver.outstanding_requests == 0 or self._projected_kv_blocks(
@@ -814,6 +1203,8 @@ class Simulator:
                 continue
             self._queued.discard(j)
             self._outcome[j] = _TIMED_OUT
+            self._live_calls -= 1
+            self._finish_s[j] = now
             self._gateway_ended(j)
             self._call_unserved(j, now)
 
@@ -856,7 +1247,6 @@ class Simulator:
         """Call ``j`` ended without being served (shed or timed out): its step cannot
         complete (``all``) or has one branch fewer (``first``); a task whose step cannot
         complete ends there, unfinished, and its later calls are never offered."""
-        del now
         task = self._call_task[j]
         if self._task_left[task] <= 0:
             return
@@ -864,6 +1254,14 @@ class Simulator:
             self._task_left[task] -= 1
         else:
             self._task_left[task] = 0
+        if self._task_left[task] == 0:
+            self._task_ended(task, now)
+
+    def _task_ended(self, task: int, now: float) -> None:
+        """Task ``task`` left the system at ``now``: finished, or failed (a call or tool
+        call it needed ended unserved)."""
+        self._task_end_s[task] = now
+        self._live_tasks -= 1
 
     # ------------------------------------------------------------------ replicas
 
@@ -906,6 +1304,14 @@ class Simulator:
             model.check_invariants()
         if not model.scheduler.has_unfinished_requests:
             driver.state = _IDLE
+            if driver.draining and driver.alive:
+                driver.alive = False
+                driver.stopped_s = now
+                self._provisioned_changed(now)
+            return
+        if driver.pending_loss is not None and self._strike_pending_loss(
+            driver, now, prefill=model.max_identical_decode_steps() < 1
+        ):
             return
         steps = model.max_identical_decode_steps() if self._skip_decode else 0
         driver.version += 1
@@ -942,6 +1348,10 @@ class Simulator:
         for j in cast("tuple[int, ...]", result.admitted_ids):
             if admitted_s[j] != admitted_s[j]:  # NaN: the first admission
                 admitted_s[j] = result.start_s
+                if self.autoscaler is not None:
+                    self._window_wait_s += result.start_s - self._arrival_s[j]
+                    self._window_admitted += 1
+                    self._window_tokens += self._call_in[j] + self._call_out[j]
         for j in cast("tuple[int, ...]", result.preempted_ids):
             self._num_preemptions[j] += 1
         last = self._last_token_s
@@ -1038,13 +1448,19 @@ class Simulator:
             self._itl_weights.clear()
 
     def _sample(self, now: float) -> None:
-        running = waiting = 0
+        running = waiting = blocks = 0
         used = 0.0
+        alive = 0
         for d in self.drivers:
+            if not d.alive:
+                continue
+            alive += 1
             running += d.model.num_running
             waiting += d.model.num_waiting
             used += d.model.kv_usage
-        self._timeline.append((now, running, waiting, used / len(self.drivers)))
+            blocks += d.model.scheduler.pool.num_used
+        self._timeline.append((now, running, waiting, used / max(alive, 1)))
+        self._boundary_samples.append((self._live_tasks, self._live_calls, blocks))
 
 
 def prefix_hashes(ids: list[int]) -> list[int]:

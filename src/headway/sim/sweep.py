@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -103,6 +104,22 @@ def run_point(
 PointRunner = Callable[[Sequence[float]], list[SweepPoint]]
 
 
+class KneePoint(Protocol):
+    """What the knee search reads from a point (simulated or measured by ``bench``)."""
+
+    @property
+    def load_factor(self) -> float: ...
+    @property
+    def slo_attainment(self) -> float: ...
+    @property
+    def offered_tasks_per_s(self) -> float: ...
+    @property
+    def offered_calls_per_s(self) -> float: ...
+
+
+P = TypeVar("P", bound=KneePoint)
+
+
 def pool_runner(
     spec: WorkloadSpec,
     cluster: ClusterSpec,
@@ -122,24 +139,27 @@ def pool_runner(
 
 
 def search_knee(
-    run: PointRunner,
+    run: Callable[[Sequence[float]], list[P]],
     target: float,
     *,
     jobs: int = 1,
     start: float = 1.0,
     tolerance: float = 0.02,
     max_rounds: int = 12,
-) -> tuple[Knee, list[SweepPoint]]:
-    """Bracket and narrow the largest load factor whose attainment is at least ``target``."""
-    points: list[SweepPoint] = []
+) -> tuple[Knee, list[P]]:
+    """Bracket and narrow the largest load factor whose attainment is at least ``target``.
 
-    def ok(p: SweepPoint) -> bool:
+    ``run`` maps load factors to points: simulated (:func:`pool_runner`) or measured.
+    """
+    points: list[P] = []
+
+    def ok(p: P) -> bool:
         return p.slo_attainment >= target
 
     first = run([start])[0]
     points.append(first)
-    lo_p: SweepPoint | None = first if ok(first) else None
-    hi_p: SweepPoint | None = None if ok(first) else first
+    lo_p: P | None = first if ok(first) else None
+    hi_p: P | None = None if ok(first) else first
     factor = start
     for _ in range(max_rounds):  # bracket by doubling (or halving)
         if lo_p is not None and hi_p is not None:
@@ -171,7 +191,7 @@ def search_knee(
     return _knee(target, lo_p, hi_p, lo_p), points
 
 
-def _knee(target: float, lo: SweepPoint | None, hi: SweepPoint | None, edge: SweepPoint) -> Knee:
+def _knee(target: float, lo: KneePoint | None, hi: KneePoint | None, edge: KneePoint) -> Knee:
     found = lo is not None
     at = lo if lo is not None else edge
     return Knee(

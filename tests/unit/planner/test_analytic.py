@@ -18,7 +18,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 def _plan_json(name: str, capsys: pytest.CaptureFixture[str]) -> Any:
     assert main(["plan", str(EXAMPLES / f"{name}.yaml"), "--analytic-only", "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    return json.loads(capsys.readouterr().out)["analytic"]
 
 
 def _values(data: Any, suffix: str, path: str = "$") -> Iterator[tuple[str, Any]]:
@@ -107,11 +107,14 @@ def test_fluid_model_never_clears_and_two_phase_episode() -> None:
 
 def test_plan_writes_report_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    assert main(["plan", str(EXAMPLES / "reference-assistant.yaml"), "--out", str(out)]) == 0
+    args = ["plan", str(EXAMPLES / "reference-assistant.yaml"), "--analytic-only"]
+    assert main([*args, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "replicas" in text.lower() or "Routes" in text
     data = json.loads((out / "plan.json").read_text())
-    assert data["schema"] == "headway.plan.analytic/1"
+    assert data["schema"] == "headway.plan/1"
+    assert data["analytic"]["schema"] == "headway.plan.analytic/1"
+    assert data["simulated"] is None and data["skipped"] == "--analytic-only was given"
     page = (out / "report.html").read_text()
     assert page.startswith("<!doctype html>") and "<svg" in page
     assert "http://" not in page and "https://" not in page  # self-contained
@@ -130,7 +133,8 @@ def test_report_files_get_ordinary_permissions(tmp_path: Path) -> None:
     import stat
 
     out = tmp_path / "out"
-    assert main(["plan", str(EXAMPLES / "reference-assistant.yaml"), "--out", str(out)]) == 0
+    args = ["plan", str(EXAMPLES / "reference-assistant.yaml"), "--analytic-only"]
+    assert main([*args, "--out", str(out)]) == 0
     umask = os.umask(0)
     os.umask(umask)
     mode = stat.S_IMODE((out / "report.html").stat().st_mode)

@@ -34,9 +34,7 @@ def _simulate(
     data = {
         "name": "timeouts",
         "duration_s": 40,
-        "classes": {
-            "fixed": {"input_tokens": 512, "output_tokens": 128, "idempotent": idempotent}
-        },
+        "classes": {"fixed": {"input_tokens": 512, "output_tokens": 128, "idempotent": idempotent}},
         "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": rate_per_s}}],
         "clients": {"retries": retries},
     }
@@ -81,9 +79,7 @@ def test_the_retry_budget_caps_the_storm_at_its_ratio() -> None:
 
 def test_a_stream_that_started_is_never_retried_and_fast_calls_are_not_timed_out() -> None:
     # Below capacity every first token comes well within the timeout: nobody retries.
-    _, result, out = _simulate(
-        {**_STORM, "budget_ratio": None}, rate_per_s=0.3 * _CAPACITY_PER_S
-    )
+    _, result, out = _simulate({**_STORM, "budget_ratio": None}, rate_per_s=0.3 * _CAPACITY_PER_S)
     assert result.accounting.amplification == 1.0
     assert (out.calls.outcome == OUTCOMES.index("completed")).all()
     # At saturation, a completed call's first token came within its last attempt's

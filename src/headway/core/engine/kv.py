@@ -506,6 +506,17 @@ class BlockPool:
             if not dups:
                 del self._duplicates[block_hash]
 
+    def drop_cached(self) -> int:
+        """Forget the hash of every free cached block (a restart with a cold prefix cache;
+        blocks in use keep theirs). Returns how many were dropped."""
+        dropped = 0
+        for b in range(self._num_blocks):
+            if self._ref_count[b] == 0 and self._block_hash[b] is not None:
+                self._evict(b)
+                self._num_evictions -= 1  # a flush is not an eviction for reuse
+                dropped += 1
+        return dropped
+
     def free_queue_position(self, block_ids: set[int], limit: int) -> int:
         """Index in the free queue of the first block in ``block_ids``, looking at most
         ``limit`` blocks from the head; ``limit`` if none of them is there.

@@ -248,6 +248,16 @@ class ReplicaModel:
         self._affine: dict[int, tuple[float, float]] = {}
         """``step_time.decode_step_affine`` by batch size, asked once per size (a step-time
         model is a function of the batch: the same batch always takes the same time)."""
+        self.time_scale = 1.0
+        """Every step takes this many times what the step-time model predicts (a degraded
+        replica: :meth:`set_time_scale`)."""
+
+    def set_time_scale(self, factor: float) -> None:
+        """Make steps that start from now on take ``factor`` × the predicted time (a
+        slowdown fault; 1 restores). Steps and decode runs are scaled alike."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a time scale must be a finite number > 0 (got {factor})")
+        self.time_scale = factor
 
     @property
     def config(self) -> SchedulerConfig:
@@ -316,6 +326,7 @@ class ReplicaModel:
         self._check_start(now)
         plan = self.scheduler.schedule()
         duration_s = 0.0 if plan.is_empty else self.step_time.step_time_s(plan.batch)
+        duration_s *= self.time_scale
         if not (duration_s >= 0.0 and math.isfinite(duration_s)):
             raise ValueError(
                 f"step_time_s returned {duration_s} for {plan.batch}; a step-time model "
@@ -355,7 +366,8 @@ class ReplicaModel:
         num_seqs = self.scheduler.num_running
         kv_first = self.scheduler.decode_run_kv_tokens()
         base_s, per_kv_token_s = self._decode_step_affine(num_seqs)
-        return num_seqs, kv_first, base_s, per_kv_token_s
+        scale = self.time_scale
+        return num_seqs, kv_first, base_s * scale, per_kv_token_s * scale
 
     def decode_run_end_s(self, now: float, num_steps: int) -> float:
         """When ``num_steps`` identical decode steps run from ``now`` would end: the
@@ -434,6 +446,8 @@ class ReplicaModel:
         self._check_start(now)
         outcome = self.scheduler.apply_decode_steps(num_steps)
         base_s, per_kv_token_s = self._decode_step_affine(outcome.num_seqs)
+        base_s *= self.time_scale
+        per_kv_token_s *= self.time_scale
         run = DecodeRun(
             start_s=now,
             num_steps=outcome.num_steps,

@@ -1,0 +1,237 @@
+"""A whole plan: the analytic plan, the simulated stages, the comparison and the summary.
+
+:func:`build_plan` runs the stages in order and reports progress; Ctrl-C
+(``KeyboardInterrupt``) stops the stage in flight, and the plan keeps every stage that
+finished (``complete`` false, ``interrupted`` naming the stage). Nothing here reads the
+clock except ``created_at``: the same seed gives the same plan apart from it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from headway import __version__
+from headway.core.engine.catalog import get_model
+from headway.core.errors import ConfigError
+from headway.core.trace_data import TraceData
+from headway.core.workload.spec import WorkloadSpec
+from headway.planner.analytic import AnalyticPlan, plan_analytic
+from headway.planner.compare import Comparison, compare
+from headway.planner.executors import PointExecutor
+from headway.planner.points import PlanPoint, Replay
+from headway.planner.simulated import (
+    BurstCheck,
+    Cost,
+    KneeEstimate,
+    PlanSettings,
+    PointRunner,
+    ReplicaSearch,
+    SeedKnee,
+    SimulatedPlan,
+    check_bursts,
+    combine_knees,
+    cost_of,
+    knee_of_seed,
+    replay,
+    search_replicas,
+)
+from headway.planner.summary import summarize_plan
+from headway.sim.cluster import ClusterSpec
+
+SCHEMA = "headway.plan/1"
+DEFAULT_GPU = "h100"
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """``plan.json``: see ``docs/plan-json.md``."""
+
+    schema: str
+    workload: str
+    description: str
+    created_at: str
+    headway_version: str
+    complete: bool
+    interrupted: str | None
+    skipped: str | None
+    """Why there is no simulation (``--analytic-only``, or no simulable model)."""
+    summary: list[str]
+    analytic: AnalyticPlan
+    simulated: SimulatedPlan | None
+    comparison: list[Comparison]
+    slo_bounds: dict[str, float | None]
+    """The strictest bound of each latency over classes (``ttft``, ``tpot``, ``e2e``)."""
+    bad_days: Any | None = None
+    """The bad-day matrix for the chosen policy (null until it is computed)."""
+
+
+class ClusterChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """The cluster to simulate, and where it came from."""
+
+    spec: ClusterSpec | None
+    source: str
+
+
+class Progress(Protocol):
+    """Where a plan reports its progress."""
+
+    def stage(self, name: str, total: int) -> None:
+        """A stage starts, expecting about ``total`` points."""
+        ...
+
+    def advance(self, points: int) -> None:
+        """``points`` more points finished."""
+        ...
+
+
+class _Quiet:
+    def stage(self, name: str, total: int) -> None:
+        """Ignore."""
+
+    def advance(self, points: int) -> None:
+        """Ignore."""
+
+
+def slo_bounds(spec: WorkloadSpec) -> dict[str, float | None]:
+    """The strictest TTFT, TPOT and e2e bound over the workload's classes."""
+    bounds: dict[str, float | None] = {}
+    for key in ("ttft", "tpot", "e2e"):
+        values = [getattr(c.slo, f"{key}_s") for c in spec.classes.values()]
+        given = [v for v in values if v is not None]
+        bounds[key] = min(given) if given else None
+    return bounds
+
+
+def default_cluster(spec: WorkloadSpec) -> ClusterChoice:
+    """The model of the workload's first route with one, on an H100, TP 1."""
+    model = next((r.model for r in spec.routes.values() if r.model), None) or "llama-3-8b"
+    try:
+        get_model(model)
+    except ConfigError:
+        return ClusterChoice(
+            spec=None,
+            source=f"model {model!r} is not in the catalog; pass --cluster with a catalog "
+            "model or one defined under `catalog.models`",
+        )
+    return ClusterChoice(
+        spec=ClusterSpec(model=model, gpu=DEFAULT_GPU),
+        source=f"default cluster: {model} on one {DEFAULT_GPU} per replica with vLLM's "
+        "default engine settings (the workload route's model)",
+    )
+
+
+def build_plan(
+    spec: WorkloadSpec,
+    choice: ClusterChoice,
+    executor: PointExecutor | None,
+    *,
+    settings: PlanSettings | None = None,
+    traces: Mapping[str, TraceData] | None = None,
+    progress: Progress | None = None,
+    analytic_only: bool = False,
+) -> Plan:
+    """Run the plan's stages; an interrupted plan keeps what finished."""
+    settings = settings or PlanSettings()
+    progress = progress or _Quiet()
+    analytic = plan_analytic(spec)
+    skipped = None
+    if analytic_only:
+        skipped = "--analytic-only was given"
+    elif choice.spec is None:
+        skipped = choice.source
+    elif executor is None:
+        skipped = "no executor"
+    sim: SimulatedPlan | None = None
+    interrupted: str | None = None
+    if skipped is None:
+        assert choice.spec is not None
+        assert executor is not None
+        sim, interrupted = _simulate(spec, analytic, choice, executor, settings, traces, progress)
+    comparison = compare(spec, analytic, sim) if sim is not None else []
+    return Plan(
+        schema=SCHEMA,
+        workload=spec.name,
+        description=spec.description.strip(),
+        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        headway_version=__version__,
+        complete=interrupted is None,
+        interrupted=interrupted,
+        skipped=skipped,
+        summary=summarize_plan(analytic, sim, comparison, skipped=skipped, interrupted=interrupted),
+        analytic=analytic,
+        simulated=sim,
+        comparison=comparison,
+        slo_bounds=slo_bounds(spec),
+        bad_days=None,
+    )
+
+
+def _fill_curve(runner: PointRunner, replicas: int, seed: int, knee: float) -> list[PlanPoint]:
+    """The first seed's points plus a few below the knee, so the curves start low."""
+    extra = [knee * f for f in (0.25, 0.5, 0.75)] if knee > 0 else [0.25, 0.5]
+    runner.steady([(replicas, f, seed) for f in extra])
+    points = [p for (r, _, s), p in runner.done.items() if r == replicas and s == seed]
+    return sorted(points, key=lambda p: p.sweep.load_factor)
+
+
+def _simulate(
+    spec: WorkloadSpec,
+    analytic: AnalyticPlan,
+    choice: ClusterChoice,
+    executor: PointExecutor,
+    settings: PlanSettings,
+    traces: Mapping[str, TraceData] | None,
+    progress: Progress,
+) -> tuple[SimulatedPlan, str | None]:
+    assert choice.spec is not None
+    runner = PointRunner(spec, choice.spec, settings, executor, progress.advance)
+    search: ReplicaSearch | None = None
+    knee: KneeEstimate | None = None
+    sweep: list[PlanPoint] = []
+    run: Replay | None = None
+    bursts: list[BurstCheck] = []
+    cost: Cost | None = None
+    seeds: list[SeedKnee] = []
+    stage = "the replica search"
+    replicas = choice.spec.replicas
+    try:
+        progress.stage("replicas for the peak", 8)
+        search = search_replicas(runner)
+        replicas = search.recommended or choice.spec.replicas
+        for i in range(settings.seeds):
+            stage = f"the knee search (seed {i + 1} of {settings.seeds})"
+            progress.stage(f"knee, seed {i + 1}/{settings.seeds}", 8)
+            found = knee_of_seed(runner, replicas, spec.seed + i)
+            seeds.append(found)
+            if i == 0:
+                sweep = _fill_curve(runner, replicas, spec.seed, found.knee.load_factor)
+        knee = combine_knees(runner, replicas, seeds)
+        stage = "the burst replay"
+        progress.stage("bursts replayed", 1)
+        run = replay(runner, replicas, traces)
+        bursts = check_bursts(spec, analytic, run, knee)
+        cost = cost_of(spec, choice.spec, run)
+        stage = ""
+    except KeyboardInterrupt:
+        if seeds and knee is None:
+            knee = combine_knees(runner, replicas, seeds)
+        if not sweep:  # keep the first seed's finished points for the curves
+            done = [p for (r, _, s), p in runner.done.items() if r == replicas and s == spec.seed]
+            sweep = sorted(done, key=lambda p: p.sweep.load_factor)
+    return (
+        SimulatedPlan(
+            cluster=choice.spec,
+            cluster_source=choice.source,
+            settings=settings,
+            replica_search=search,
+            knee=knee,
+            sweep=sweep,
+            replay=run,
+            bursts=bursts,
+            cost=cost,
+        ),
+        stage or None,
+    )

@@ -1,0 +1,222 @@
+"""One simulated point of a plan, and the function a worker runs for it.
+
+A :class:`PointTask` names everything a run depends on (workload, cluster, replicas, load
+factor, seed, duration), so a point computes the same anywhere: in this process, in a
+local worker pool or on a Ray cluster. Two kinds exist: a ``steady`` point (the workload
+at a constant multiple of its peak rate, for sweeps and the replica search) and a
+``replay`` point (the workload as written, bursts and all, with its timeline and tails).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from headway.core.trace_data import TraceData
+from headway.core.workload.compile import CompiledWorkload, compile_workload
+from headway.core.workload.spec import WorkloadSpec
+from headway.planner.demand import steady_workload
+from headway.sim.cluster import ClusterSpec
+from headway.sim.results import Group, SimResult
+from headway.sim.run import simulate_compiled
+from headway.sim.simulator import OUTCOMES, SimOptions, SimOutcome
+from headway.sim.sweep import SweepPoint
+
+
+class PointTask(msgspec.Struct, frozen=True, kw_only=True):
+    """What one simulated point depends on."""
+
+    kind: Literal["steady", "replay"]
+    spec: WorkloadSpec
+    cluster: ClusterSpec
+    replicas: int
+    load_factor: float
+    """Steady: multiple of the peak task rate. Replay: multiple of the file's rates (1)."""
+    seed: int
+    duration_s: float
+
+
+class Percentiles(msgspec.Struct, frozen=True, kw_only=True):
+    """p50 / p90 / p99 of one latency, seconds (None when nothing completed)."""
+
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+
+
+class PlanPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One steady point: the sweep's figures plus the percentiles the report plots."""
+
+    replicas: int
+    offered_tasks_per_s_nominal: float
+    """load factor × peak task rate (the rate the arrivals were drawn at)."""
+    sweep: SweepPoint
+    ttft: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+    completed_tasks_per_s: float
+    kv_usage_max: float
+    shed_calls: int
+
+
+class Series(msgspec.Struct, frozen=True, kw_only=True):
+    """The cluster over time (samples of the simulator's timeline)."""
+
+    time_s: list[float]
+    queued_calls: list[int]
+    """Calls offered and not yet admitted to a running set (gateway and engine queues)."""
+    in_system_calls: list[int]
+    """Calls offered and not yet ended (queued, running, or waiting to retry)."""
+    running: list[int]
+    kv_usage: list[float]
+
+
+class Tail(msgspec.Struct, frozen=True, kw_only=True):
+    """Tails of one segment (a tenant, class or input-length bucket)."""
+
+    segment: str
+    name: str
+    calls: int
+    slo_attainment: float | None
+    ttft_p99_s: float | None
+    e2e_p99_s: float | None
+
+
+class Replay(msgspec.Struct, frozen=True, kw_only=True):
+    """The workload as written (bursts and all) on the planned cluster."""
+
+    replicas: int
+    seed: int
+    duration_s: float
+    offered_tasks: int
+    tasks_met_deadline: int
+    slo_attainment: float
+    task_attainment: float
+    goodput_per_s: float
+    series: Series
+    tails: list[Tail]
+    shed_calls: int
+    amplification: float
+
+
+def _pct(summary_p50: float | None, p90: float | None, p99: float | None) -> Percentiles:
+    return Percentiles(p50_s=summary_p50, p90_s=p90, p99_s=p99)
+
+
+def _simulate(
+    task: PointTask, spec: WorkloadSpec, traces: Mapping[str, TraceData] | None
+) -> tuple[CompiledWorkload, SimResult, SimOutcome]:
+    workload = compile_workload(spec, seed=task.seed, traces=traces)
+    cluster = msgspec.structs.replace(task.cluster, replicas=task.replicas)
+    options = SimOptions(sample_points=400 if task.kind == "replay" else 50)
+    result, outcome = simulate_compiled(workload, cluster, options)
+    return workload, result, outcome
+
+
+def run_steady(task: PointTask, peak_tasks_per_s: float) -> PlanPoint:
+    """Simulate a steady point (runs in a worker)."""
+    spec = steady_workload(task.spec, task.load_factor, task.duration_s)
+    workload, r, outcome = _simulate(task, spec, None)
+    duration = workload.duration_s
+    lat = r.latencies
+    return PlanPoint(
+        replicas=task.replicas,
+        offered_tasks_per_s_nominal=task.load_factor * peak_tasks_per_s,
+        sweep=SweepPoint(
+            load_factor=task.load_factor,
+            seed=task.seed,
+            offered_tasks_per_s=workload.num_tasks / duration,
+            offered_calls_per_s=workload.num_calls / duration,
+            slo_attainment=r.slo.attainment,
+            goodput_per_s=r.slo.goodput_per_s,
+            task_attainment=r.slo.task_attainment,
+            ttft_p99_s=lat.ttft.p99_s,
+            tpot_p99_s=lat.tpot.p99_s,
+            e2e_p99_s=lat.e2e.p99_s,
+            throughput_requests_per_s=r.throughput.requests_per_s,
+            output_tokens_per_s=r.throughput.output_tokens_per_s,
+            preemptions=r.engine.preemptions,
+        ),
+        ttft=_pct(lat.ttft.p50_s, lat.ttft.p90_s, lat.ttft.p99_s),
+        tpot=_pct(lat.tpot.p50_s, lat.tpot.p90_s, lat.tpot.p99_s),
+        e2e=_pct(lat.e2e.p50_s, lat.e2e.p90_s, lat.e2e.p99_s),
+        completed_tasks_per_s=r.slo.tasks_completed / r.throughput.window_s,
+        kv_usage_max=float(outcome.timeline_kv_usage.max()) if outcome.timeline_s.size else 0.0,
+        shed_calls=r.accounting.shed,
+    )
+
+
+def _present(
+    start: npt.NDArray[np.float64], left: npt.NDArray[np.float64], times: npt.NDArray[np.float64]
+) -> list[int]:
+    """How many [start, left) intervals hold each time."""
+    begun = np.searchsorted(np.sort(start), times, side="right")
+    ended = np.searchsorted(np.sort(left), times, side="right")
+    counts: list[int] = (begun - ended).astype(np.int64).tolist()
+    return counts
+
+
+def _occupancy(outcome: SimOutcome, times: npt.NDArray[np.float64]) -> tuple[list[int], list[int]]:
+    """(queued, in system) calls at each time; a shed call leaves when it arrives."""
+    c = outcome.calls
+    offered = np.isfinite(c.arrival_s)
+    start = c.arrival_s[offered]
+    unfinished = np.isin(
+        c.outcome[offered], [OUTCOMES.index("failed"), OUTCOMES.index("in_flight")]
+    )
+    ended = np.where(unfinished, outcome.end_s, c.finish_s[offered])
+    ended = np.where(np.isfinite(ended), ended, start)
+    admitted = c.admitted_s[offered]
+    queued_until = np.where(np.isfinite(admitted), np.minimum(admitted, ended), ended)
+    return _present(start, queued_until, times), _present(start, ended, times)
+
+
+def _tails(segment: str, groups: list[Group]) -> list[Tail]:
+    return [
+        Tail(
+            segment=segment,
+            name=g.name,
+            calls=g.calls,
+            slo_attainment=g.slo_attainment,
+            ttft_p99_s=g.latencies.ttft.p99_s,
+            e2e_p99_s=g.latencies.e2e.p99_s,
+        )
+        for g in groups
+        if g.calls
+    ]
+
+
+def run_replay(task: PointTask, traces: Mapping[str, TraceData] | None = None) -> Replay:
+    """Simulate the workload as written, with its timeline and tails (runs in a worker)."""
+    spec = task.spec
+    if task.duration_s != spec.duration_s:
+        spec = msgspec.structs.replace(spec, duration_s=task.duration_s)
+    workload, r, outcome = _simulate(task, spec, traces)
+    times = outcome.timeline_s
+    queued, in_system = _occupancy(outcome, times)
+    return Replay(
+        replicas=task.replicas,
+        seed=task.seed,
+        duration_s=workload.duration_s,
+        offered_tasks=r.slo.offered_tasks,
+        tasks_met_deadline=r.slo.tasks_met_deadline,
+        slo_attainment=r.slo.attainment,
+        task_attainment=r.slo.task_attainment,
+        goodput_per_s=r.slo.goodput_per_s,
+        series=Series(
+            time_s=times.tolist(),
+            queued_calls=queued,
+            in_system_calls=in_system,
+            running=outcome.timeline_running.tolist(),
+            kv_usage=outcome.timeline_kv_usage.tolist(),
+        ),
+        tails=_tails("tenant", r.by_tenant)
+        + _tails("class", r.by_class)
+        + _tails("input tokens", r.by_length),
+        shed_calls=r.accounting.shed,
+        amplification=r.accounting.amplification,
+    )

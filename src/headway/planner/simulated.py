@@ -1,0 +1,406 @@
+"""The simulated plan: replicas for the peak, the knee, the bursts replayed, the cost.
+
+Stages, each a set of simulated points (:mod:`headway.planner.points`):
+
+1. **Replica search**: the peak demand held steady (every source Poisson at its peak
+   rate) on 1, 2, 4, ... replicas, then bisection, for the smallest count whose SLO
+   attainment reaches the target; the plan adds ``planning.failures_tolerated``.
+2. **Knee**: on the planned cluster, the largest multiple of the peak rate that keeps
+   attainment at target (bracketing and k-section, :func:`headway.sim.sweep.search_knee`),
+   once per seed; the seeds give a 95% confidence interval.
+3. **Bursts**: the workload as written on the planned cluster; its queue is measured
+   through each overload episode of the fluid model and set against it.
+4. **Cost**: replicas × price over the run / tasks that met their deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from headway.core.engine.catalog import get_gpu
+from headway.core.trace_data import TraceData
+from headway.core.workload.spec import WorkloadSpec
+from headway.planner.analytic import AnalyticPlan, Episode, fluid_episodes, source_profile
+from headway.planner.demand import peak_rates
+from headway.planner.executors import PointExecutor
+from headway.planner.points import PlanPoint, PointTask, Replay, run_replay, run_steady
+from headway.sim.cluster import ClusterSpec
+from headway.sim.sweep import Knee, SweepPoint, attainment_target, search_knee
+
+
+class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How much simulation a plan does."""
+
+    seeds: int = 3
+    """Seeds of the knee search (the confidence interval comes from their spread)."""
+    steady_duration_s: float = 180.0
+    """Simulated length of each steady point."""
+    knee_tolerance: float = 0.05
+    """Relative width at which the knee search stops."""
+    max_replicas: int = 256
+    """The replica search gives up above this."""
+    points_per_round: int = 2
+    """Points each search round runs at once (fixed, so any executor finds the same plan)."""
+
+
+class ReplicaSearch(msgspec.Struct, frozen=True, kw_only=True):
+    """Replicas against attainment at the steady peak demand."""
+
+    target: float
+    peak_tasks_per_s: float
+    failures_tolerated: int
+    holding_peak: int | None
+    """Smallest count whose attainment at the peak reaches the target (None: none tried)."""
+    recommended: int | None
+    """``holding_peak + failures_tolerated``."""
+    attainment_all_up: float | None
+    """Attainment at the peak with every recommended replica up."""
+    attainment_failures_lost: float | None
+    """Attainment at the peak with ``failures_tolerated`` replicas lost."""
+    trials: list[PlanPoint]
+
+
+class SeedKnee(msgspec.Struct, frozen=True, kw_only=True):
+    """The knee one seed's search found."""
+
+    seed: int
+    knee: Knee
+    knee_tasks_per_s: float
+    upper_tasks_per_s: float | None
+    points: int
+
+
+class KneeEstimate(msgspec.Struct, frozen=True, kw_only=True):
+    """The knee of the planned cluster, over seeds."""
+
+    target: float
+    replicas: int
+    peak_tasks_per_s: float
+    found: bool
+    tasks_per_s: float
+    """Mean over seeds of the largest rate found at target."""
+    tasks_per_s_low: float
+    tasks_per_s_high: float
+    """95% confidence interval of the mean (Student's t over seeds)."""
+    load_factor: float
+    """``tasks_per_s`` / peak."""
+    saturation_tasks_per_s: float
+    """Most tasks/s any point completed (capacity regardless of SLO)."""
+    seeds: list[SeedKnee]
+
+
+class BurstCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """One overload episode: the fluid model against the replayed run."""
+
+    source: str
+    start_s: float
+    overload_s: float
+    peak_rate_per_s: float
+    fluid_capacity_per_s: float
+    fluid_backlog_tasks: float
+    fluid_drain_s: float | None
+    simulated_capacity_per_s: float | None
+    """The source's share of the simulated saturation throughput."""
+    fluid_at_simulated_backlog_tasks: float | None
+    fluid_at_simulated_drain_s: float | None
+    baseline_calls: float
+    """Median calls in the system (queued or running) in the minute before the episode."""
+    peak_calls: int
+    """Most calls in the system during the overload."""
+    measured_backlog_tasks: float
+    """(peak − baseline) calls in the system / calls per task."""
+    measured_drain_s: float | None
+    """From the end of the overload until the calls in the system are back within 20% (+2)
+    of the baseline (None: not within the run)."""
+    window_start_s: float
+    window_end_s: float
+
+
+class Cost(msgspec.Struct, frozen=True, kw_only=True):
+    """Cost per successful task of the replayed run."""
+
+    price_per_replica_hour: float | None
+    price_source: str
+    replicas: int
+    run_s: float
+    successful_tasks: int
+    cost_per_successful_task: float | None
+
+
+class SimulatedPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the simulation found (stages left unfinished are None or empty)."""
+
+    cluster: ClusterSpec
+    cluster_source: str
+    settings: PlanSettings
+    replica_search: ReplicaSearch | None
+    knee: KneeEstimate | None
+    sweep: list[PlanPoint]
+    """The first seed's knee-search points, sorted by load (the plots' curves)."""
+    replay: Replay | None
+    bursts: list[BurstCheck]
+    cost: Cost | None
+
+
+@dataclass
+class PointRunner:
+    """Runs steady points on an executor, each (replicas, factor, seed) once."""
+
+    spec: WorkloadSpec
+    cluster: ClusterSpec
+    settings: PlanSettings
+    executor: PointExecutor
+    on_points: Callable[[int], None] = lambda n: None
+    peak_tasks_per_s: float = 0.0
+    done: dict[tuple[int, float, int], PlanPoint] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.peak_tasks_per_s = sum(peak_rates(self.spec).values())
+
+    def task(self, replicas: int, factor: float, seed: int, kind: str = "steady") -> PointTask:
+        """The task of one point."""
+        return PointTask(
+            kind="replay" if kind == "replay" else "steady",
+            spec=self.spec,
+            cluster=self.cluster,
+            replicas=replicas,
+            load_factor=factor,
+            seed=seed,
+            duration_s=self.settings.steady_duration_s
+            if kind == "steady"
+            else self.spec.duration_s,
+        )
+
+    def steady(self, keys: Sequence[tuple[int, float, int]]) -> list[PlanPoint]:
+        """Points for (replicas, load factor, seed) keys, computing the missing ones."""
+        missing = list(dict.fromkeys(k for k in keys if k not in self.done))
+        if missing:
+            results = self.executor.map(
+                run_steady, [(self.task(*k), self.peak_tasks_per_s) for k in missing]
+            )
+            self.done.update(zip(missing, results, strict=True))
+            self.on_points(len(missing))
+        return [self.done[k] for k in keys]
+
+
+def search_replicas(runner: PointRunner) -> ReplicaSearch:
+    """Smallest replica count that holds the steady peak at target, plus failover."""
+    spec, settings = runner.spec, runner.settings
+    target = attainment_target(spec)
+    seed = spec.seed
+    failures = spec.planning.failures_tolerated
+
+    def ok(n: int) -> bool:
+        return runner.steady([(n, 1.0, seed)])[0].sweep.slo_attainment >= target
+
+    bad, good = 0, None
+    n = 1
+    while n <= settings.max_replicas:
+        if ok(n):
+            good = n
+            break
+        bad, n = n, n * 2
+    if good is not None:
+        while good - bad > 1:  # k-section on integers, one batch per round
+            k = min(settings.points_per_round, good - bad - 1)
+            trial = sorted(
+                {bad + max(1, round((good - bad) * (i + 1) / (k + 1))) for i in range(k)}
+            )
+            trial = [t for t in trial if bad < t < good]
+            points = runner.steady([(t, 1.0, seed) for t in trial])
+            for t, p in zip(trial, points, strict=True):
+                if p.sweep.slo_attainment >= target:
+                    good = min(good, t)
+                else:
+                    bad = max(bad, t)
+        curve = range(max(1, good - 2), good + failures + 2)
+        runner.steady([(r, 1.0, seed) for r in curve])
+    trials = sorted(
+        (p for (r, f, s), p in runner.done.items() if f == 1.0 and s == seed),
+        key=lambda p: p.replicas,
+    )
+    recommended = None if good is None else good + failures
+    by_count = {p.replicas: p for p in trials}
+    return ReplicaSearch(
+        target=target,
+        peak_tasks_per_s=runner.peak_tasks_per_s,
+        failures_tolerated=failures,
+        holding_peak=good,
+        recommended=recommended,
+        attainment_all_up=by_count[recommended].sweep.slo_attainment
+        if recommended in by_count
+        else None,
+        attainment_failures_lost=by_count[good].sweep.slo_attainment if good in by_count else None,
+        trials=trials,
+    )
+
+
+def _t95(n: int) -> float:
+    """Student's t quantile 0.975 with n − 1 degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1))
+
+
+def knee_of_seed(runner: PointRunner, replicas: int, seed: int) -> SeedKnee:
+    """One seed's knee search on ``replicas`` replicas."""
+    target = attainment_target(runner.spec)
+
+    def run(factors: Sequence[float]) -> list[SweepPoint]:
+        return [p.sweep for p in runner.steady([(replicas, f, seed) for f in factors])]
+
+    knee, searched = search_knee(
+        run,
+        target,
+        jobs=runner.settings.points_per_round,
+        tolerance=runner.settings.knee_tolerance,
+    )
+    peak = runner.peak_tasks_per_s
+    return SeedKnee(
+        seed=seed,
+        knee=knee,
+        knee_tasks_per_s=knee.load_factor * peak,
+        upper_tasks_per_s=knee.upper_load_factor * peak
+        if math.isfinite(knee.upper_load_factor)
+        else None,
+        points=len(searched),
+    )
+
+
+def combine_knees(runner: PointRunner, replicas: int, seeds: list[SeedKnee]) -> KneeEstimate:
+    """The knee over seeds: mean and a 95% t-interval."""
+    rates = [s.knee_tasks_per_s for s in seeds]
+    mean = statistics.fmean(rates)
+    half = (
+        _t95(len(rates)) * statistics.stdev(rates) / math.sqrt(len(rates))
+        if len(rates) > 1
+        else 0.0
+    )
+    peak = runner.peak_tasks_per_s
+    saturation = max(
+        (p.completed_tasks_per_s for (r, _, _), p in runner.done.items() if r == replicas),
+        default=0.0,
+    )
+    return KneeEstimate(
+        target=attainment_target(runner.spec),
+        replicas=replicas,
+        peak_tasks_per_s=peak,
+        found=all(s.knee.found for s in seeds),
+        tasks_per_s=mean,
+        tasks_per_s_low=max(0.0, mean - half),
+        tasks_per_s_high=mean + half,
+        load_factor=mean / peak if peak else 0.0,
+        saturation_tasks_per_s=saturation,
+        seeds=seeds,
+    )
+
+
+def replay(runner: PointRunner, replicas: int, traces: Mapping[str, TraceData] | None) -> Replay:
+    """The workload as written on ``replicas`` replicas."""
+    task = runner.task(replicas, 1.0, runner.spec.seed, kind="replay")
+    result = runner.executor.map(run_replay, [(task, traces)])[0]
+    runner.on_points(1)
+    return result
+
+
+def _median(values: list[int]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def check_bursts(
+    spec: WorkloadSpec,
+    analytic: AnalyticPlan,
+    run: Replay,
+    knee: KneeEstimate | None,
+) -> list[BurstCheck]:
+    """Each fluid-model episode against the queue measured in the replayed run."""
+    checks = []
+    peaks = peak_rates(spec)
+    total_peak = sum(peaks.values()) or 1.0
+    calls_per_task = analytic.periods[-1].calls_per_task or 1.0
+    t, load = run.series.time_s, run.series.in_system_calls
+    for e in analytic.bursts:
+        source = next(s for s in spec.sources if s.name == e.source)
+        sim_capacity = None
+        sim_episode: Episode | None = None
+        if knee is not None and knee.saturation_tasks_per_s > 0:
+            sim_capacity = knee.saturation_tasks_per_s * peaks[source.name] / total_peak
+            profile = source_profile(source, spec.duration_s)
+            if profile is not None:
+                episodes = fluid_episodes(profile, sim_capacity, source.name, e.unit)
+                overlapping = [
+                    x for x in episodes if x.start_s < e.start_s + e.overload_s and (
+                        x.drain_s is None or x.start_s + x.overload_s + x.drain_s > e.start_s
+                    )
+                ]  # fmt: skip
+                sim_episode = max(overlapping, key=lambda x: x.backlog, default=None)
+        growth_end = e.start_s + e.overload_s
+        window = [(ti, q) for ti, q in zip(t, load, strict=True)]
+        before = [q for ti, q in window if e.start_s - 60 <= ti < e.start_s]
+        baseline = _median(before)
+        threshold = baseline * 1.2 + 2.0
+        peak_q = max((q for ti, q in window if e.start_s <= ti <= growth_end + 1e-9), default=0)
+        cleared_at = next((ti for ti, q in window if ti >= growth_end and q <= threshold), None)
+        drain = None if cleared_at is None else cleared_at - growth_end
+        fluid_total = (e.drain_s or 0.0) + e.overload_s
+        end = growth_end + max(60.0, 1.5 * (drain if drain is not None else fluid_total))
+        checks.append(
+            BurstCheck(
+                source=e.source,
+                start_s=e.start_s,
+                overload_s=e.overload_s,
+                peak_rate_per_s=e.peak_rate_per_s,
+                fluid_capacity_per_s=e.capacity_per_s,
+                fluid_backlog_tasks=e.backlog,
+                fluid_drain_s=e.drain_s,
+                simulated_capacity_per_s=sim_capacity,
+                fluid_at_simulated_backlog_tasks=(
+                    sim_episode.backlog if sim_episode else (0.0 if sim_capacity else None)
+                ),
+                fluid_at_simulated_drain_s=(
+                    sim_episode.drain_s if sim_episode else (0.0 if sim_capacity else None)
+                ),
+                baseline_calls=baseline,
+                peak_calls=peak_q,
+                measured_backlog_tasks=max(0.0, peak_q - baseline) / calls_per_task,
+                measured_drain_s=drain,
+                window_start_s=max(0.0, e.start_s - 30.0),
+                window_end_s=min(run.duration_s, end),
+            )
+        )
+    return checks
+
+
+def replica_price(spec: WorkloadSpec, cluster: ClusterSpec) -> tuple[float | None, str]:
+    """Price of one replica-hour and where it came from: the cluster's, the route's, the
+    GPU catalog's × tensor parallel."""
+    if cluster.price_per_replica_hour is not None:
+        return cluster.price_per_replica_hour, "the cluster's price_per_replica_hour"
+    for name, route in spec.routes.items():
+        if route.replica is not None and route.replica.price_per_hour is not None:
+            return route.replica.price_per_hour, f"routes.{name}.replica.price_per_hour"
+    gpu = get_gpu(cluster.gpu)
+    if gpu.price_per_hour is not None:
+        return gpu.price_per_hour * cluster.tensor_parallel, f"the {gpu.name} catalog price"
+    return None, "no price given (set routes.<name>.replica.price_per_hour)"
+
+
+def cost_of(spec: WorkloadSpec, cluster: ClusterSpec, run: Replay) -> Cost:
+    """Replicas × price over the run / tasks that met their deadline."""
+    price, source = replica_price(spec, cluster)
+    per_task = None
+    if price is not None and run.tasks_met_deadline:
+        per_task = run.replicas * price * run.duration_s / 3600 / run.tasks_met_deadline
+    return Cost(
+        price_per_replica_hour=price,
+        price_source=source,
+        replicas=run.replicas,
+        run_s=run.duration_s,
+        successful_tasks=run.tasks_met_deadline,
+        cost_per_successful_task=per_task,
+    )

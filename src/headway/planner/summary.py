@@ -1,0 +1,122 @@
+"""The executive summary: the plan's answer in a few plain sentences."""
+
+from __future__ import annotations
+
+from headway.core.engine.catalog import get_gpu, get_model
+from headway.core.errors import ConfigError
+from headway.planner.analytic import AnalyticPlan
+from headway.planner.compare import Comparison
+from headway.planner.simulated import SimulatedPlan
+
+_COUNT_WORDS = ("no replica", "one", "two", "three", "four", "five")
+
+
+def _names(sim: SimulatedPlan) -> tuple[str, str]:
+    try:
+        return get_model(sim.cluster.model).name, get_gpu(sim.cluster.gpu).name
+    except ConfigError:
+        return sim.cluster.model, sim.cluster.gpu
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
+
+
+def _lost(n: int) -> str:
+    return _COUNT_WORDS[n] if n < len(_COUNT_WORDS) else str(n)
+
+
+def summarize_plan(
+    analytic: AnalyticPlan,
+    sim: SimulatedPlan | None,
+    comparison: list[Comparison],
+    *,
+    skipped: str | None,
+    interrupted: str | None,
+) -> list[str]:
+    """Sentences for the top of the report and the terminal."""
+    lines: list[str] = []
+    peak = analytic.periods[-1]
+    sizing = next((r.sizing for r in peak.routes if r.sizing is not None), None)
+    if sim is None:
+        if sizing is not None:
+            lines.append(
+                f"The analytic plan needs {_replicas(sizing.replicas)} at the peak of "
+                f"{peak.tasks_per_s:.3g} tasks/s, {sizing.replicas_with_failover} with "
+                f"{_lost(sizing.failures_tolerated)} lost."
+            )
+        if skipped:
+            lines.append(f"Not simulated: {skipped}.")
+        return lines
+    model, gpu = _names(sim)
+    search = sim.replica_search
+    if search is not None and search.recommended is not None:
+        lost = search.failures_tolerated
+        held = search.attainment_failures_lost
+        all_up = search.attainment_all_up
+        text = (
+            f"{_replicas(search.recommended)} of {model} on {gpu} "
+            f"{'holds' if search.recommended == 1 else 'hold'} the peak of "
+            f"{search.peak_tasks_per_s:.3g} tasks/s at "
+        )
+        if lost and held is not None:
+            text += f"{held:.0%} SLO attainment with {_lost(lost)} lost"
+            text += f" ({all_up:.0%} with all up)." if all_up is not None else "."
+        else:
+            text += f"{all_up or held or 0:.0%} SLO attainment."
+        lines.append(text)
+    elif search is not None:
+        lines.append(
+            f"Even {_replicas(max(p.replicas for p in search.trials))} of {model} on {gpu} miss "
+            f"the {search.target:.0%} attainment target at the peak."
+        )
+    if sim.knee is not None:
+        k = sim.knee
+        interval = (
+            f" (95% interval {k.tasks_per_s_low:.3g}–{k.tasks_per_s_high:.3g} over "
+            f"{len(k.seeds)} seeds)"
+            if len(k.seeds) > 1
+            else ""
+        )
+        if k.found:
+            lines.append(
+                f"The knee of {_replicas(k.replicas)} is {k.tasks_per_s:.3g} tasks/s{interval}, "
+                f"{k.load_factor:.2g}× the peak."
+            )
+        else:
+            lines.append(f"{_replicas(k.replicas)} miss the target even at a fraction of the peak.")
+    if sim.bursts:
+        b = max(sim.bursts, key=lambda x: x.fluid_backlog_tasks)
+        ratio = b.peak_rate_per_s / peak.tasks_per_s if peak.tasks_per_s else 0.0
+        head = (
+            f"A {b.overload_s:g} s burst to {b.peak_rate_per_s:g} tasks/s ({ratio:.2g}× the peak)"
+        )
+        fluid = f"{b.fluid_drain_s:.0f} s" if b.fluid_drain_s is not None else "never"
+        if b.measured_drain_s is None:
+            lines.append(f"{head} is still queued when the run ends (fluid model: {fluid}).")
+        elif b.peak_calls <= b.baseline_calls * 1.2 + 2:
+            lines.append(f"{head} is absorbed without a queue (fluid model: drains in {fluid}).")
+        else:
+            lines.append(
+                f"{head} clears {b.measured_drain_s:.0f} s after it ends, with "
+                f"{b.peak_calls - b.baseline_calls:.0f} calls above normal at worst (fluid model: "
+                f"{b.fluid_backlog_tasks:.0f} tasks, {fluid})."
+            )
+    if sim.cost is not None and sim.cost.cost_per_successful_task is not None:
+        c = sim.cost.cost_per_successful_task
+        lines.append(f"A successful task costs ${c:.4g} (${c * 1000:.3g} per thousand).")
+    differs = [c for c in comparison if c.differs]
+    if differs and sizing is not None:
+        lines.append(
+            f"The analytic plan asks for {_replicas(sizing.replicas_with_failover)}; "
+            f"{len(differs)} figures differ from the simulation by more than 20% "
+            "(reasons in \u201cAnalytic and simulated\u201d)."
+        )
+    if sim.cluster_source.startswith("default"):
+        lines.append(
+            f"No --cluster given: the simulation used the {sim.cluster_source}; give "
+            "--cluster for your own."
+        )
+    if interrupted:
+        lines.append(f"Stopped during {interrupted}: the figures above are what had finished.")
+    return lines

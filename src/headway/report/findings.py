@@ -1,0 +1,405 @@
+"""The simulated findings of a plan as report sections: capacity at SLO, latency against
+load, replicas for the peak, the peak burst, tails, bad days, analytic against simulated,
+and cost. Each takes the plan's JSON data and returns HTML text (empty when absent).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from headway.report.svg import PALETTE, Frame, Line, Rule, bar_chart, line_chart
+from headway.report.tables import fmt, heat, pct, seconds, share, table
+
+
+def capacity_section(sim: dict[str, Any]) -> str:
+    """SLO attainment and goodput against offered load, the knee and the peak marked."""
+    knee, sweep = sim.get("knee"), sim.get("sweep") or []
+    if not sweep:
+        return ""
+    rate = [p["offered_tasks_per_s_nominal"] for p in sweep]
+    rules = []
+    if knee is not None:
+        rules.append(
+            Rule(f"knee {knee['tasks_per_s']:.3g}/s", knee["tasks_per_s"], color="#c2255c")
+        )
+        rules.append(Rule(f"peak {knee['peak_tasks_per_s']:.3g}/s", knee["peak_tasks_per_s"]))
+    target = knee["target"] if knee else None
+    lowest = min(
+        [p["sweep"]["slo_attainment"] for p in sweep]
+        + [p["sweep"]["task_attainment"] for p in sweep]
+    )
+    floor = max(0.0, math.floor((min(lowest, target or 1.0) - 0.05) * 10) / 10)
+    attain = line_chart(
+        Frame(
+            "attainment",
+            "SLO attainment against offered load",
+            "offered tasks/s",
+            "SLO attainment",
+            y_min=floor,
+            y_max=1.0,
+            y_format=share,
+        ),
+        [
+            Line(
+                "SLO attainment",
+                [(r, p["sweep"]["slo_attainment"]) for r, p in zip(rate, sweep, strict=True)],
+            ),
+            Line(
+                "tasks within deadline",
+                [(r, p["sweep"]["task_attainment"]) for r, p in zip(rate, sweep, strict=True)],
+                color=PALETTE[2],
+                dashed=True,
+            ),
+        ],
+        [*rules, *([Rule(f"target {target:.0%}", target, axis="y")] if target else [])],
+    )
+    goodput = line_chart(
+        Frame("goodput", "Goodput against offered load", "offered tasks/s", "calls/s"),
+        [
+            Line(
+                "SLO goodput",
+                [(r, p["sweep"]["goodput_per_s"]) for r, p in zip(rate, sweep, strict=True)],
+            ),
+            Line(
+                "offered calls/s",
+                [(r, p["sweep"]["offered_calls_per_s"]) for r, p in zip(rate, sweep, strict=True)],
+                color="#98a2b3",
+                dashed=True,
+                markers=False,
+            ),
+        ],
+        rules,
+    )
+    text = ""
+    if knee is not None:
+        rows = [
+            [
+                str(s["seed"]),
+                fmt(s["knee_tasks_per_s"], "/s"),
+                fmt(s["upper_tasks_per_s"], "/s"),
+                str(s["points"]),
+            ]
+            for s in knee["seeds"]
+        ]
+        text = (
+            f"<p>The knee of <b>{knee['replicas']}</b> replicas: <b>{knee['tasks_per_s']:.3g} "
+            f"tasks/s</b> (95% interval {knee['tasks_per_s_low']:.3g}–"
+            f"{knee['tasks_per_s_high']:.3g}), against a peak of {knee['peak_tasks_per_s']:.3g}; "
+            f"saturated, the cluster completes {knee['saturation_tasks_per_s']:.3g} tasks/s.</p>"
+            + table(["seed", "knee (met target)", "first miss", "points"], rows)
+        )
+    return f"<h2>Capacity at SLO</h2><div class='plots'>{attain}{goodput}</div>{text}"
+
+
+def latency_section(sim: dict[str, Any], bounds: dict[str, float]) -> str:
+    """TTFT, TPOT and e2e percentiles against offered load, with the SLO bounds."""
+    sweep = sim.get("sweep") or []
+    if not sweep:
+        return ""
+    knee = sim.get("knee")
+    charts = []
+    for key, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "End-to-end latency")):
+        lines = [
+            Line(
+                q,
+                [
+                    (p["offered_tasks_per_s_nominal"], p[key][f"{q}_s"])
+                    for p in sweep
+                    if p[key][f"{q}_s"] is not None
+                ],
+                color=PALETTE[i],
+            )
+            for i, q in enumerate(("p50", "p90", "p99"))
+        ]
+        rules = [Rule("knee", knee["tasks_per_s"], color="#c2255c")] if knee else []
+        if key in bounds:
+            rules.append(Rule(f"SLO {bounds[key]:g} s", bounds[key], axis="y"))
+        charts.append(
+            line_chart(
+                Frame(
+                    f"latency-{key}", f"{title} against offered load", "offered tasks/s", "seconds",
+                    width=360, height=280, y_format=seconds,
+                ),
+                lines,
+                rules,
+            )
+        )  # fmt: skip
+    return "<h2>Latency against offered load</h2><div class='plots'>" + "".join(charts) + "</div>"
+
+
+def replicas_section(sim: dict[str, Any]) -> str:
+    """Attainment at the steady peak by replica count, the planned count marked."""
+    search = sim.get("replica_search")
+    if not search or not search["trials"]:
+        return ""
+    trials = search["trials"]
+    rules = [Rule(f"target {search['target']:.0%}", search["target"], axis="y")]
+    if search["recommended"] is not None:
+        rules.append(
+            Rule(f"planned {search['recommended']}", search["recommended"], color="#c2255c")
+        )
+    chart = line_chart(
+        Frame(
+            "replicas",
+            f"SLO attainment at the peak ({search['peak_tasks_per_s']:.3g} tasks/s) by replicas",
+            "replicas",
+            "SLO attainment",
+            y_max=1.0,
+            y_format=share,
+        ),
+        [Line("SLO attainment", [(p["replicas"], p["sweep"]["slo_attainment"]) for p in trials])],
+        rules,
+    )
+    target = search["target"]
+    rows = [
+        [
+            f"<b>{p['replicas']}</b>"
+            if p["replicas"] == search["recommended"]
+            else str(p["replicas"]),
+            heat(
+                p["sweep"]["slo_attainment"],
+                target - 0.2,
+                target,
+                pct(p["sweep"]["slo_attainment"]),
+            ),
+            fmt(p["sweep"]["goodput_per_s"], "/s"),
+            fmt(p["sweep"]["ttft_p99_s"], " s"),
+            fmt(p["sweep"]["e2e_p99_s"], " s"),
+            fmt(p["kv_usage_max"]),
+        ]
+        for p in trials
+    ]
+    lost = search["failures_tolerated"]
+    words = (
+        f"<p>{search['holding_peak']} replicas hold the peak at target; with {lost} "
+        f"tolerated lost the plan is <b>{search['recommended']}</b>.</p>"
+        if search["recommended"] is not None
+        else "<p class='bad'>No replica count tried holds the peak at target.</p>"
+    )
+    return (
+        "<h2>Replicas for the peak</h2>"
+        f"<div class='plots'>{chart}<div>{words}"
+        + table(["replicas", "attainment", "goodput", "TTFT p99", "e2e p99", "KV max"], rows)
+        + "</div></div>"
+    )
+
+
+def _window(series: dict[str, Any], lo: float, hi: float) -> list[int]:
+    return [i for i, t in enumerate(series["time_s"]) if lo <= t <= hi]
+
+
+def burst_section(sim: dict[str, Any]) -> str:
+    """Calls, queue and KV occupancy through the worst burst; fluid model vs measured."""
+    run = sim.get("replay")
+    if not run:
+        return ""
+    series = run["series"]
+    bursts = sim.get("bursts") or []
+    worst = max(bursts, key=lambda b: b["fluid_backlog_tasks"]) if bursts else None
+    lo, hi = (worst["window_start_s"], worst["window_end_s"]) if worst else (0.0, run["duration_s"])
+    idx = _window(series, lo, hi) or list(range(len(series["time_s"])))
+    t = [series["time_s"][i] for i in idx]
+    rules = []
+    if worst:
+        rules = [
+            Rule("burst", worst["start_s"], color="#c2255c"),
+            Rule("overload ends", worst["start_s"] + worst["overload_s"], color="#f79009"),
+        ]
+
+    def line(key: str, label: str, color: str, dashed: bool = False) -> Line:
+        points = [(t[n], series[key][i]) for n, i in enumerate(idx)]
+        return Line(label, points, color, dashed=dashed, markers=False)
+
+    calls = line_chart(
+        Frame("burst-queue", "Calls through the peak burst", "time (s)", "calls", width=520),
+        [
+            line("running", "running", PALETTE[2]),
+            line("queued_calls", "queued", PALETTE[1]),
+            line("in_system_calls", "in system (running + queued + retrying)", PALETTE[0], True),
+        ],
+        rules,
+    )
+    kv = line_chart(
+        Frame(
+            "burst-kv",
+            "KV-cache occupancy through the peak burst",
+            "time (s)",
+            "KV blocks held",
+            width=520,
+            y_max=1.0,
+            y_format=share,
+        ),
+        [line("kv_usage", "mean over replicas", PALETTE[3])],
+        rules,
+    )
+    never = "<span class='bad'>never</span>"
+    not_in_run = "<span class='bad'>not in the run</span>"
+    rows = [
+        [
+            f"{b['start_s']:g} s",
+            f"{b['peak_rate_per_s']:g}/s for {b['overload_s']:g} s",
+            fmt(b["fluid_backlog_tasks"]),
+            never if b["fluid_drain_s"] is None else fmt(b["fluid_drain_s"], " s"),
+            fmt(b["fluid_at_simulated_backlog_tasks"]),
+            fmt(b["fluid_at_simulated_drain_s"], " s"),
+            fmt(b["measured_backlog_tasks"]),
+            not_in_run if b["measured_drain_s"] is None else fmt(b["measured_drain_s"], " s"),
+        ]
+        for b in bursts
+    ]  # fmt: skip
+    burst_table = (
+        table(
+            [
+                "burst",
+                "arrivals",
+                "fluid backlog (tasks)",
+                "fluid drain",
+                "fluid backlog at simulated capacity",
+                "fluid drain at simulated capacity",
+                "measured backlog (tasks)",
+                "measured drain",
+            ],
+            rows,
+        )
+        if rows
+        else "<p class='muted'>No overload episode in the fluid model.</p>"
+    )
+    return (
+        f"<h2>Through the peak burst ({run['replicas']} replicas)</h2>"
+        f"<div class='plots'>{calls}{kv}</div>{burst_table}"
+        "<p class='muted'>Measured backlog: calls in the system above their level in the minute "
+        "before, per call of a task; drain: from the end of the overload until the system is "
+        "back within 20% of that level.</p>"
+    )
+
+
+def tails_section(sim: dict[str, Any]) -> str:
+    """p99 TTFT and e2e by tenant, class and input-length bucket."""
+    run = sim.get("replay")
+    if not run or not run["tails"]:
+        return ""
+    tails = run["tails"]
+    names = [f"{t['name']}" for t in tails]
+    width = max(420, 58 * len(tails))
+    charts = "".join(
+        bar_chart(
+            Frame(name, title, "", "seconds", width=width, height=260, y_format=seconds),
+            names,
+            [(label, [t[key] for t in tails])],
+        )
+        for name, title, label, key in (
+            ("tails", "TTFT p99 by tenant, class and input length", "TTFT p99", "ttft_p99_s"),
+            ("tails-e2e", "e2e p99 by tenant, class and input length", "e2e p99", "e2e_p99_s"),
+        )
+    )
+    rows = [
+        [
+            html.escape(t["segment"]),
+            html.escape(t["name"]),
+            fmt(t["calls"]),
+            heat(t["slo_attainment"], 0.75, 0.95, pct(t["slo_attainment"])),
+            fmt(t["ttft_p99_s"], " s"),
+            fmt(t["e2e_p99_s"], " s"),
+        ]
+        for t in tails
+    ]
+    return (
+        "<h2>Tails by tenant, class and input length</h2>"
+        f"<p class='muted'>The workload as written (bursts included) on {run['replicas']} "
+        "replicas.</p>"
+        f"<div class='plots'>{charts}</div>"
+        + table(["segment", "name", "calls", "attainment", "TTFT p99", "e2e p99"], rows)
+    )
+
+
+def bad_days_section(bad_days: Any) -> str:
+    """The bad-day matrix as a coloured table (or a note that it was not computed).
+
+    Takes a list of rows, ``{"rows": [...]}``, or a ``headway.sim.baddays`` matrix
+    (``{"cells": [...]}``, whose ``preset`` is the row's policy).
+    """
+    rows_in = bad_days
+    if isinstance(bad_days, dict):
+        rows_in = bad_days.get("rows")
+        if rows_in is None and bad_days.get("cells"):
+            rows_in = [{"policy": c.get("preset"), **c} for c in bad_days["cells"]]
+    if not rows_in:
+        return (
+            "<h2>Bad days</h2><p class='muted'>The bad-day matrix (policies × scenarios) was "
+            "not computed for this plan.</p>"
+        )
+    attain = [r.get("slo_attainment") for r in rows_in if r.get("slo_attainment") is not None]
+    lo = min(attain, default=0.0)
+    rows = [
+        [
+            fmt(r.get("policy")),
+            fmt(r.get("scenario")),
+            fmt(r.get("goodput_per_s"), "/s"),
+            heat(r.get("slo_attainment"), min(lo, 0.5), 0.95, pct(r.get("slo_attainment"))),
+            fmt(r.get("ttft_p99_s"), " s"),
+            fmt(r.get("e2e_p99_s"), " s"),
+            fmt(r.get("shed")),
+            heat(-(r.get("amplification") or 1.0), -2.0, -1.0, fmt(r.get("amplification"), "×")),
+            fmt(r.get("cost_per_successful_task")),
+        ]
+        for r in rows_in
+    ]
+    return "<h2>Bad days</h2>" + table(
+        [
+            "policy", "scenario", "goodput", "attainment", "TTFT p99", "e2e p99", "shed",
+            "amplification", "$ per successful task",
+        ],
+        rows,
+    )  # fmt: skip
+
+
+def comparison_section(comparison: list[dict[str, Any]]) -> str:
+    """Analytic against simulated, with the reasons where they differ."""
+    if not comparison:
+        return ""
+    rows = []
+    for c in comparison:
+        rel = c["relative_difference"]
+        diff = "—" if rel is None else f"{rel:+.0%}"
+        rows.append(
+            [
+                html.escape(c["figure"]),
+                fmt(c["analytic"]),
+                fmt(c["simulated"]),
+                f"<span class='bad'>{diff}</span>" if c["differs"] else diff,
+            ]
+        )
+    reasons = list(dict.fromkeys(r for c in comparison for r in c["reasons"]))
+    why = (
+        "<p>Where they differ by more than 20%:</p><ul>"
+        + "".join(f"<li>{html.escape(r)}</li>" for r in reasons)
+        + "</ul>"
+        if reasons
+        else "<p class='good'>Every figure agrees within 20%.</p>"
+    )
+    return (
+        "<h2>Analytic and simulated</h2>"
+        + table(["figure", "analytic", "simulated", "difference"], rows)
+        + why
+    )
+
+
+def cost_section(sim: dict[str, Any]) -> str:
+    """Cost per successful task and how it was priced."""
+    cost = sim.get("cost")
+    if not cost:
+        return ""
+    per = cost["cost_per_successful_task"]
+    text = (
+        f"<b>${per:.4g}</b> per successful task (${per * 1000:.3g} per thousand)"
+        if per is not None
+        else "not priced"
+    )
+    return (
+        "<h2>Cost</h2>"
+        f"<p>{text}: {cost['replicas']} replicas × "
+        f"{fmt(cost['price_per_replica_hour'])}/h ({html.escape(cost['price_source'])}) over "
+        f"{cost['run_s']:g} s, {cost['successful_tasks']:,} tasks within their deadline.</p>"
+    )

@@ -67,12 +67,13 @@ def test_plan_writes_plan_and_report_and_report_rerenders(
     assert "report.html" in text.replace("\n", "")
     plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
     assert plan["schema"] == "headway.plan/1" and plan["complete"] is True
-    assert plan["bad_days"] is None
+    assert plan["bad_days"]["schema"] == "headway.bad-days/1"
     sim = plan["simulated"]
     assert sim["cluster_source"].startswith(str(c))
     assert sim["knee"]["found"] and sim["cost"]["cost_per_successful_task"] > 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'data-plot="attainment"' in page
+    assert "retry-storm" in page  # the bad-day matrix is in the report
     again = tmp_path / "again.html"
     assert main(["report", str(out / "plan.json"), "--out", str(again)]) == 0
     assert again.read_text(encoding="utf-8") == page  # rendered from the JSON alone

@@ -167,6 +167,7 @@ def _plan(args: argparse.Namespace) -> int:
                 traces=loaded.traces,
                 progress=bars,
                 analytic_only=args.analytic_only,
+                jobs=jobs,
             )
         finally:
             if executor is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -39,7 +39,8 @@ from headway.planner.simulated import (
     replay,
     search_replicas,
 )
-from headway.planner.summary import summarize_plan
+from headway.planner.summary import summarize_bad_days, summarize_plan
+from headway.sim.baddays import DEFAULT_SCENARIOS, BadDayMatrix, run_bad_days
 from headway.sim.cluster import ClusterSpec
 
 SCHEMA = "headway.plan/1"
@@ -64,8 +65,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     comparison: list[Comparison]
     slo_bounds: dict[str, float | None]
     """The strictest bound of each latency over classes (``ttft``, ``tpot``, ``e2e``)."""
-    bad_days: Any | None = None
-    """The bad-day matrix for the chosen policy (null until it is computed)."""
+    bad_days: BadDayMatrix | None = None
+    """The bad-day matrix on the planned cluster: the cluster's gateway preset and
+    ``headway-default`` × every scenario (null with ``--analytic-only``, without a
+    simulation, or when interrupted before it)."""
 
 
 class ClusterChoice(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,8 +135,10 @@ def build_plan(
     traces: Mapping[str, TraceData] | None = None,
     progress: Progress | None = None,
     analytic_only: bool = False,
+    jobs: int = 1,
 ) -> Plan:
-    """Run the plan's stages; an interrupted plan keeps what finished."""
+    """Run the plan's stages; an interrupted plan keeps what finished. ``jobs``: worker
+    processes of the bad-day matrix (its cells do not depend on it)."""
     settings = settings or PlanSettings()
     progress = progress or _Quiet()
     analytic = plan_analytic(spec)
@@ -150,6 +155,9 @@ def build_plan(
         assert choice.spec is not None
         assert executor is not None
         sim, interrupted = _simulate(spec, analytic, choice, executor, settings, traces, progress)
+    bad_days: BadDayMatrix | None = None
+    if sim is not None and interrupted is None and settings.bad_days:
+        bad_days, interrupted = _bad_days(spec, sim, settings, traces, progress, jobs)
     comparison = compare(spec, analytic, sim) if sim is not None else []
     return Plan(
         schema=SCHEMA,
@@ -160,13 +168,47 @@ def build_plan(
         complete=interrupted is None,
         interrupted=interrupted,
         skipped=skipped,
-        summary=summarize_plan(analytic, sim, comparison, skipped=skipped, interrupted=interrupted),
+        summary=[
+            *summarize_plan(analytic, sim, comparison, skipped=skipped, interrupted=interrupted),
+            *summarize_bad_days(bad_days),
+        ],
         analytic=analytic,
         simulated=sim,
         comparison=comparison,
         slo_bounds=slo_bounds(spec),
-        bad_days=None,
+        bad_days=bad_days,
     )
+
+
+def _bad_days(
+    spec: WorkloadSpec,
+    sim: SimulatedPlan,
+    settings: PlanSettings,
+    traces: Mapping[str, TraceData] | None,
+    progress: Progress,
+    jobs: int,
+) -> tuple[BadDayMatrix | None, str | None]:
+    """The bad-day matrix on the planned cluster (the recommended replicas), under the
+    cluster's gateway preset and ``headway-default``, each cell as long as a steady
+    point."""
+    search = sim.replica_search
+    replicas = (search.recommended if search is not None else None) or sim.cluster.replicas
+    cluster = msgspec.structs.replace(sim.cluster, replicas=replicas)
+    presets = list(dict.fromkeys((cluster.gateway.preset, "headway-default")))
+    progress.stage("bad days", len(presets) * len(DEFAULT_SCENARIOS))
+    try:
+        matrix = run_bad_days(
+            spec,
+            cluster,
+            presets=presets,
+            jobs=jobs,
+            duration_s=settings.steady_duration_s,
+            traces=traces,
+            on_cell=lambda _cell: progress.advance(1),
+        )
+    except KeyboardInterrupt:
+        return None, "the bad-day matrix"
+    return matrix, None
 
 
 def _fill_curve(runner: PointRunner, replicas: int, seed: int, knee: float) -> list[PlanPoint]:

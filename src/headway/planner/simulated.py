@@ -46,6 +46,8 @@ class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The replica search gives up above this."""
     points_per_round: int = 2
     """Points each search round runs at once (fixed, so any executor finds the same plan)."""
+    bad_days: bool = True
+    """Run the bad-day matrix on the planned cluster (``headway.sim.baddays``)."""
 
 
 class ReplicaSearch(msgspec.Struct, frozen=True, kw_only=True):

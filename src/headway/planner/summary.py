@@ -7,6 +7,7 @@ from headway.core.errors import ConfigError
 from headway.planner.analytic import AnalyticPlan
 from headway.planner.compare import Comparison
 from headway.planner.simulated import SimulatedPlan
+from headway.sim.baddays import BadDayMatrix
 
 _COUNT_WORDS = ("no replica", "one", "two", "three", "four", "five")
 
@@ -120,3 +121,19 @@ def summarize_plan(
     if interrupted:
         lines.append(f"Stopped during {interrupted}: the figures above are what had finished.")
     return lines
+
+
+def summarize_bad_days(matrix: BadDayMatrix | None) -> list[str]:
+    """One sentence: the worst bad day of each preset, by SLO attainment."""
+    if matrix is None or not matrix.cells:
+        return []
+    parts = []
+    for preset in matrix.presets:
+        cells = [c for c in matrix.cells if c.preset == preset and c.scenario != "baseline"]
+        if not cells:
+            continue
+        worst = min(cells, key=lambda c: c.slo_attainment)
+        parts.append(f"{worst.slo_attainment:.0%} under {preset} ({worst.scenario})")
+    if not parts:
+        return []
+    return [f"On the worst bad day SLO attainment falls to {'; '.join(parts)}."]

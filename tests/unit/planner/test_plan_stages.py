@@ -183,7 +183,12 @@ def test_full_plan_on_a_small_workload(small_plan: Plan) -> None:
     search = sim.replica_search
     assert search is not None
     assert plan.summary[0].startswith(f"{search.recommended} replicas of Llama-3-8B")
-    assert plan.bad_days is None
+    # The bad-day matrix on the planned cluster: its preset and headway-default.
+    assert plan.bad_days is not None
+    assert plan.bad_days.cluster_replicas == search.recommended
+    assert plan.bad_days.presets == ["fifo-unbounded", "headway-default"]
+    assert len(plan.bad_days.cells) == 2 * len(plan.bad_days.scenarios)
+    assert all(cell.balanced for cell in plan.bad_days.cells)
 
 
 def test_default_cluster_uses_the_route_model_or_explains() -> None:

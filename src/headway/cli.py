@@ -11,7 +11,10 @@ import sys
 from collections.abc import Sequence
 
 from headway import __version__
+from headway.bench import commands as bench_commands
+from headway.calibrate import commands as calibrate_commands
 from headway.core.errors import HeadwayError
+from headway.emulate import commands as emulate_commands
 from headway.files import commands as workload_commands
 from headway.planner import commands as plan_commands
 from headway.report import commands as report_commands
@@ -34,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim_commands.register(subparsers)
     trace_commands.register(subparsers)
     workload_commands.register(subparsers)
+    emulate_commands.register(subparsers)
+    calibrate_commands.register(subparsers)
+    bench_commands.register(subparsers)
     return parser
 
 

@@ -337,6 +337,8 @@ class Simulator:
         self._retry_after_s = [nan] * n
         self._attempts = [0] * n
         self._queued: set[int] = set()
+        self._backing_off: set[int] = set()
+        """Calls whose last attempt failed and whose client waits to retry them."""
         """Calls waiting in the gateway's queues (not those backing off to retry)."""
         self._num_impatient = 0
         self._patience_s: list[float] | None = None
@@ -461,6 +463,7 @@ class Simulator:
             elif kind == _GATEWAY_EXPIRY:
                 self._pump(now)
             elif kind == _RETRY:
+                self._backing_off.discard(a)
                 if self._outcome[a] == _IN_FLIGHT:  # not cancelled while it backed off
                     if self.gateway is None:
                         self._dispatch_call(a, now)
@@ -836,7 +839,11 @@ class Simulator:
         retry them elsewhere), and the router never chooses it again."""
         self._materialize(driver, now)
         sched = driver.model.scheduler
-        calls = [cast("int", r.request_id) for r in (*sched.running, *sched.waiting())]
+        live = [cast("int", r.request_id) for r in (*sched.running, *sched.waiting())]
+        # Requests that finish in the step (or run) in flight: that step never ends.
+        in_flight_step = driver.pending_finished
+        if driver.step_result is not None:
+            in_flight_step = cast("tuple[int, ...]", driver.step_result.finished_ids)
         driver.alive = driver.ready = False
         driver.pending_loss = None
         driver.state = _IDLE
@@ -844,11 +851,16 @@ class Simulator:
         driver.stopped_s = now
         self._all_eligible = False
         self._provisioned_changed(now)
-        for j in calls:
+        for j in (*live, *in_flight_step):
+            if self._first_token_s[j] > now:  # emitted at the end of the lost step
+                self._first_token_s[j] = math.nan
             driver.model.abort(j)
             driver.outstanding_requests -= 1
             self._outstanding[driver.index] -= 1
             driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+            if j >= self.w.num_calls:  # a client's duplicate: its call is still waiting
+                self._outcome[j] = _FAILED
+                continue
             if self.gateway is not None:
                 self._left_replicas(j)
             self._num_lost_calls += 1
@@ -1035,6 +1047,7 @@ class Simulator:
         if (
             self._outcome[j] != _IN_FLIGHT
             or self._attempts[j] != attempt
+            or j in self._backing_off  # that attempt already failed otherwise
             or self._first_token_s[j] <= now
         ):
             return
@@ -1064,6 +1077,7 @@ class Simulator:
             self._first_token_s[j] = math.nan
             self._last_token_s[j] = math.nan
             self._itl_max_s[j] = 0.0
+            self._backing_off.add(j)
             self.events.push(now + retry.delay_s, DISPATCH, _RETRY, j)
             return
         self._outcome[j] = final
@@ -1144,6 +1158,7 @@ class Simulator:
                 now, self._attempts[j], attempt, retry_after_s, self._retry_rng
             )
             if isinstance(retry, RetryAfter):
+                self._backing_off.add(j)
                 self.events.push(now + retry.delay_s, DISPATCH, _RETRY, j)
                 return
             self._outcome[j] = _SHED

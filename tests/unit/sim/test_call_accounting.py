@@ -1,8 +1,10 @@
 """Every offered call ends in exactly one terminal state, under both gateway presets.
 
 A property test over small random workloads (branches, joins, priorities, tenants,
-per-call and per-task deadlines) on small clusters whose queues and slots are tight
-enough that calls are admitted, queued, shed, timed out and cancelled.
+per-call and per-task deadlines, tool calls through a downstream service, client
+timeouts, retries and duplicates) on small clusters, with replicas lost and slowed down,
+whose queues and slots are tight enough that calls are admitted, queued, shed, timed
+out, cancelled and failed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from headway.core.policy.queues import BandConfig, QueueConfig
 from headway.core.policy.routing import Router
 from headway.core.workload.compile import compile_workload
 from headway.files.workload import parse_workload
+from headway.sim.faults import Fault, ReplicaLost, Slowdown
 from headway.sim.gateway import GatewayConfig, SimGateway
 from headway.sim.results import build_result
 from headway.sim.simulator import OUTCOMES, SimOptions, Simulator
@@ -53,6 +56,8 @@ def _classes(draw: st.DrawFn) -> dict[str, Any]:
             "output_tokens": {"dist": "gamma", "mean": draw(st.integers(4, 200)), "cv": 1.0},
             "slo": slo,
         }
+        if draw(st.booleans()):
+            classes[f"c{k}"] |= {"tools_per_call": 1, "tool_service": "db"}
     return classes
 
 
@@ -67,6 +72,10 @@ def _classes(draw: st.DrawFn) -> dict[str, Any]:
     preset=st.sampled_from(["fifo-unbounded", "headway-default"]),
     max_attempts=st.integers(1, 3),
     patience_s=st.none() | st.floats(0.05, 3.0),
+    timeout_s=st.none() | st.floats(0.1, 3.0),
+    duplicate_after_s=st.none() | st.floats(0.2, 3.0),
+    lose_at_s=st.none() | st.floats(0.5, 7.0),
+    slow=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_every_offered_call_ends_in_exactly_one_terminal_state(
@@ -79,6 +88,10 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
     preset: str,
     max_attempts: int,
     patience_s: float | None,
+    timeout_s: float | None,
+    duplicate_after_s: float | None,
+    lose_at_s: float | None,
+    slow: bool,
     seed: int,
 ) -> None:
     data = {
@@ -87,9 +100,16 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
         "classes": classes,
         "tenants": {"a": {"share": 2}, "b": {"share": 1}},
         "clients": {
-            "retries": {"max_attempts": max_attempts, "backoff_base_s": 0.1},
+            "retries": {
+                "max_attempts": max_attempts,
+                "backoff_base_s": 0.1,
+                "timeout_s": timeout_s,
+            },
             "patience_s": patience_s,
+            "duplicate_after_s": duplicate_after_s,
+            "duplicate_probability": 0.5,
         },
+        "services": {"db": {"servers": 2, "service_time_s": 0.2, "timeout_s": 1.0}},
         "sources": [
             {
                 "name": "s",
@@ -112,8 +132,18 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
         gateway = SimGateway(
             config, num_replicas=replicas, max_num_seqs=max_num_seqs, block_size=16
         )
+    faults: list[Fault] = []
+    if lose_at_s is not None and replicas == 2:
+        faults.append(ReplicaLost(at_s=lose_at_s, phase="any"))
+    if slow:
+        faults.append(Slowdown(at_s=2.0, until_s=5.0, factor=3.0))
     out = Simulator(
-        w, models, Router(kind="least_outstanding_requests"), SimOptions(), gateway
+        w,
+        models,
+        Router(kind="least_outstanding_requests"),
+        SimOptions(),
+        gateway,
+        faults=faults,
     ).run()
     c = out.calls
     result = build_result(w, out, replicas)
@@ -126,8 +156,12 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
     assert sum(terminal) == acc.offered_calls
     assert not (c.outcome == _CODE["in_flight"]).any()
     assert sum(acc.shed_by_reason.values()) == acc.shed
-    assert acc.failed == 0  # every call here fits a replica
-    for state in ("shed", "cancelled", "timed_out", "not_offered_calls", "cancelled_by_patience"):
+    if not any(isinstance(f, ReplicaLost) for f in faults):
+        assert acc.failed == 0  # every call here fits a replica
+    else:
+        assert acc.failed <= result.engine.calls_lost_with_replicas
+    for state in ("shed", "cancelled", "timed_out", "failed", "not_offered_calls",
+                  "cancelled_by_patience", "duplicates_sent", "duplicates_coalesced"):  # fmt: skip
         if getattr(acc, state):
             event(f"{preset}: some {state}")
 
@@ -139,9 +173,11 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
     assert np.isfinite(c.finish_s[completed]).all() and not c.cancelled[completed].any()
     assert (c.replica[completed] >= 0).all()
     assert (c.cancelled == (c.outcome == _CODE["cancelled"])).all()
-    for state in ("shed", "timed_out"):
-        unserved = c.outcome == _CODE[state]
-        assert (c.replica[unserved] == -1).all() and np.isnan(c.first_token_s[unserved]).all()
+    shed_or_expired = c.outcome == _CODE["shed"]
+    assert (c.replica[shed_or_expired] == -1).all()
+    assert np.isnan(c.first_token_s[shed_or_expired]).all()
+    timed_out = c.outcome == _CODE["timed_out"]  # at the gateway, or the client's timeout
+    assert not (c.first_token_s[timed_out] <= c.finish_s[timed_out]).any()
     shed = c.outcome == _CODE["shed"]
     assert ((c.shed_reason >= 0) == shed).all()
     if acc.attempts > acc.offered_calls:
@@ -151,13 +187,19 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
     assert (c.attempts[offered] >= 1).all() and (c.attempts[offered] <= max_attempts).all()
     assert (c.attempts[~offered] == 0).all()
     assert acc.attempts == int(c.attempts.sum()) and acc.amplification >= 1.0
+    sent = acc.attempts + acc.duplicates_sent
+    assert acc.amplification == (sent / acc.offered_calls if acc.offered_calls else 1.0)
+    if duplicate_after_s is None:
+        assert acc.duplicates_sent == acc.duplicates_coalesced == 0
+    if preset == "headway-default":
+        assert acc.duplicates_sent == 0
     assert acc.cancelled_by_patience <= acc.cancelled
     if patience_s is None:
         assert acc.cancelled_by_patience == 0
     if preset == "fifo-unbounded":
-        assert acc.shed == acc.timed_out == 0 and acc.amplification == 1.0
-        if patience_s is None:
-            assert acc.not_offered_calls == 0
+        assert acc.shed == 0
+        if timeout_s is None and not faults:
+            assert acc.attempts == acc.offered_calls and acc.timed_out == 0
     else:
         assert gateway is not None
         # The gateway's own books are empty at the end: nothing queued, running or held.

@@ -457,9 +457,7 @@ class AdmissionPolicy:
 
     # -- retry tickets --------------------------------------------------------------------
 
-    def _with_ticket(
-        self, now: float, shed: Shed, tenant: str, credit_tokens: float = 0.0
-    ) -> Shed:
+    def _with_ticket(self, now: float, shed: Shed, tenant: str, credit_tokens: float = 0.0) -> Shed:
         """``shed`` with a retry ticket, when it is a shed a retry can use."""
         if not self.config.retry_tickets or shed.retry_after_s is None:
             return shed

@@ -1,0 +1,342 @@
+"""The summary of a bench run (``bench --json``): pacing, latencies, SLOs, outcomes, checks.
+
+Latencies run from each call's **scheduled** time, not from when it was sent, so a late
+sender cannot hide queueing (no coordinated omission). SLO attainment divides by every
+call of the workload: calls that got 429/503, timed out, failed or were never sent stay
+in the denominator and never meet the SLO (the core's ``meets_slo``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from headway.bench.records import ERRORS, OK, CallRecords
+from headway.core.metrics import LatencySummary, meets_slo, summarize, tpot_s
+from headway.core.workload.compile import CompiledWorkload
+
+SCHEMA = "headway.bench/1"
+FloatArray = npt.NDArray[np.float64]
+
+
+class Budgets(msgspec.Struct, frozen=True, kw_only=True):
+    """What the sender must achieve for the run to count (else exit code 1)."""
+
+    lateness_p99_s: float = 0.010
+    """Largest allowed p99 of (sent − scheduled)."""
+    min_rate_ratio: float = 0.98
+    """Smallest allowed achieved / offered send rate."""
+
+
+class Pacing(msgspec.Struct, frozen=True, kw_only=True):
+    """How faithfully the schedule was sent."""
+
+    scheduled_calls: int
+    sent_calls: int
+    offered_rate_per_s: float | None
+    """(scheduled calls − 1) / span of their scheduled times."""
+    achieved_rate_per_s: float | None
+    """(sent calls − 1) / span of their send times."""
+    rate_ratio: float | None
+    lateness: LatencySummary
+    """sent − scheduled, seconds."""
+    scheduled_gap_cv: float | None
+    """Coefficient of variation of the gaps between scheduled times (constant: 0,
+    Poisson: about 1)."""
+    sent_gap_cv: float | None
+    """The same for the send times."""
+
+
+class Check(msgspec.Struct, frozen=True, kw_only=True):
+    """One budget check."""
+
+    name: str
+    value: float | None
+    limit: float
+    passed: bool
+
+
+class Latencies(msgspec.Struct, frozen=True, kw_only=True):
+    """Latencies of completed calls, from their scheduled times."""
+
+    ttft: LatencySummary
+    tpot: LatencySummary
+    e2e: LatencySummary
+    itl_max: LatencySummary
+    """Per call, the largest gap between reads that carried tokens."""
+    time_to_first_byte: LatencySummary
+
+
+class Slo(msgspec.Struct, frozen=True, kw_only=True):
+    """SLO attainment over all calls; goodput per second of the run window."""
+
+    calls: int
+    met: int
+    attainment: float
+    target: float
+    goodput_per_s: float
+    tasks: int
+    tasks_met_deadline: int
+    task_attainment: float
+    verified_goodput_per_s: float
+
+
+class ClassGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """One class's calls."""
+
+    name: str
+    calls: int
+    completed: int
+    slo_attainment: float | None
+    ttft_p99_s: float | None
+    e2e_p99_s: float | None
+
+
+class Tokens(msgspec.Struct, frozen=True, kw_only=True):
+    """Token counts of completed calls."""
+
+    output_tokens: int
+    output_tokens_per_s: float
+    from_usage: float
+    """Fraction of completed calls whose counts came from the server's ``usage`` (the rest
+    are estimates: one token per streamed text event)."""
+    prompt_tokens_reported: int
+    asked_output_tokens: int
+    """What the workload asked for (``max_tokens``) on the completed calls."""
+
+
+class Outcomes(msgspec.Struct, frozen=True, kw_only=True):
+    """Every call's terminal state (they sum to ``calls``) and HTTP statuses."""
+
+    calls: int
+    by_error: dict[str, int]
+    by_status: dict[str, int]
+    connects: int
+    connect_errors: int
+    resent: int
+    max_open_connections: int
+
+
+class Cost(msgspec.Struct, frozen=True, kw_only=True):
+    """What the generator itself used."""
+
+    workers: int
+    loop: str
+    connections_prefilled: int
+    run_cpu_s: float
+    cpu_ms_per_request: float | None
+    """Run-phase CPU of the sending processes per sent call."""
+    total_cpu_s: float
+    startup_s: float
+    """From process start to ``t0``."""
+    wall_s: float
+
+
+class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The summary of one bench run."""
+
+    schema: str
+    workload: str
+    target: str
+    model: str
+    endpoint: str
+    seed: int
+    duration_s: float
+    load_factor: float
+    window_s: float
+    """From the first scheduled time to the last end."""
+    throughput_requests_per_s: float
+    pacing: Pacing
+    latencies: Latencies
+    slo: Slo
+    by_class: list[ClassGroup]
+    tokens: Tokens
+    outcomes: Outcomes
+    cost: Cost
+    checks: list[Check]
+    passed: bool
+
+
+def _gap_cv(times: FloatArray) -> float | None:
+    finite = np.sort(times[np.isfinite(times)])
+    if finite.size < 3:
+        return None
+    gaps = np.diff(finite)
+    mean = float(gaps.mean())
+    return float(gaps.std() / mean) if mean > 0 else None
+
+
+def _rate(times: FloatArray) -> float | None:
+    finite = times[np.isfinite(times)]
+    if finite.size < 2:
+        return None
+    span = float(finite.max() - finite.min())
+    return (finite.size - 1) / span if span > 0 else None
+
+
+def pacing(r: CallRecords) -> Pacing:
+    """Lateness, rates and gap CVs of the sent calls."""
+    sent = np.isfinite(r.sent_s)
+    offered = _rate(r.scheduled_s)
+    achieved = _rate(r.sent_s)
+    ratio = achieved / offered if offered and achieved else None
+    return Pacing(
+        scheduled_calls=int(np.isfinite(r.scheduled_s).sum()),
+        sent_calls=int(sent.sum()),
+        offered_rate_per_s=offered,
+        achieved_rate_per_s=achieved,
+        rate_ratio=ratio,
+        lateness=summarize(r.sent_s[sent] - r.scheduled_s[sent]),
+        scheduled_gap_cv=_gap_cv(r.scheduled_s),
+        sent_gap_cv=_gap_cv(r.sent_s),
+    )
+
+
+def checks(p: Pacing, budgets: Budgets) -> list[Check]:
+    """The budget checks of a run (a run with one call or none passes them)."""
+    late = p.lateness.p99_s
+    return [
+        Check(
+            name="lateness_p99_s",
+            value=late,
+            limit=budgets.lateness_p99_s,
+            passed=late is None or late <= budgets.lateness_p99_s,
+        ),
+        Check(
+            name="rate_ratio",
+            value=p.rate_ratio,
+            limit=budgets.min_rate_ratio,
+            passed=p.rate_ratio is None or p.rate_ratio >= budgets.min_rate_ratio,
+        ),
+    ]
+
+
+def slo_bounds(w: CompiledWorkload) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per-call TTFT, TPOT and e2e bounds of the call's class (NaN: none named)."""
+    per_class = [w.spec.classes[c].slo for c in w.class_names]
+    cls = w.task_class[w.call_task]
+
+    def column(name: str) -> FloatArray:
+        values = np.array(
+            [math.nan if getattr(s, name) is None else getattr(s, name) for s in per_class]
+        )
+        return np.asarray(values[cls], dtype=np.float64)
+
+    return column("ttft_s"), column("tpot_s"), column("e2e_s")
+
+
+def attainment_target(w: CompiledWorkload) -> float:
+    """The strictest class target (as the simulator's sweep)."""
+    return max(c.slo.attainment_target for c in w.spec.classes.values())
+
+
+def summarize_run(
+    w: CompiledWorkload,
+    r: CallRecords,
+    *,
+    target: str,
+    model: str,
+    endpoint: str,
+    load_factor: float,
+    cost: Cost,
+    outcomes: Outcomes,
+    budgets: Budgets,
+) -> BenchResult:
+    """Summarise the records of a run of ``w``."""
+    done = r.completed
+    ttft = np.where(done, r.first_token_s - r.scheduled_s, np.nan)
+    e2e = np.where(done, r.end_s - r.scheduled_s, np.nan)
+    out_tokens = r.completion_tokens.astype(np.int64)
+    tpot = tpot_s(e2e, ttft, out_tokens)
+    b_ttft, b_tpot, b_e2e = slo_bounds(w)
+    met = meets_slo(ttft, tpot, e2e, ttft_bound_s=b_ttft, tpot_bound_s=b_tpot, e2e_bound_s=b_e2e)
+    n = w.num_calls
+    first = float(np.nanmin(r.scheduled_s)) if np.isfinite(r.scheduled_s).any() else 0.0
+    last = float(np.nanmax(r.end_s)) if np.isfinite(r.end_s).any() else first
+    window = max(last - first, 1e-9)
+    task_ok = np.ones(w.num_tasks, dtype=bool)
+    np.logical_and.at(task_ok, w.call_task, done)
+    task_end = np.full(w.num_tasks, -np.inf)
+    np.maximum.at(task_end, w.call_task, np.where(np.isfinite(r.end_s), r.end_s, np.inf))
+    deadlines = np.array(
+        [
+            math.inf if w.spec.classes[c].slo.task_deadline_s is None
+            else w.spec.classes[c].slo.task_deadline_s
+            for c in w.class_names
+        ]
+    )[w.task_class]  # fmt: skip
+    task_met = task_ok & (task_end - w.task_arrival_s <= deadlines)
+    call_class = w.task_class[w.call_task]
+    groups = []
+    for i, name in enumerate(w.class_names):
+        mask = call_class == i
+        calls = int(mask.sum())
+        groups.append(
+            ClassGroup(
+                name=name,
+                calls=calls,
+                completed=int((mask & done).sum()),
+                slo_attainment=float((mask & met).sum()) / calls if calls else None,
+                ttft_p99_s=summarize(ttft[mask & done]).p99_s,
+                e2e_p99_s=summarize(e2e[mask & done]).p99_s,
+            )
+        )
+    p = pacing(r)
+    run_checks = checks(p, budgets)
+    completed = int(done.sum())
+    return BenchResult(
+        schema=SCHEMA,
+        workload=w.spec.name,
+        target=target,
+        model=model,
+        endpoint=endpoint,
+        seed=w.seed,
+        duration_s=w.duration_s,
+        load_factor=load_factor,
+        window_s=window,
+        throughput_requests_per_s=completed / window,
+        pacing=p,
+        latencies=Latencies(
+            ttft=summarize(ttft[done]),
+            tpot=summarize(tpot[done]),
+            e2e=summarize(e2e[done]),
+            itl_max=summarize(r.itl_max_s[done]),
+            time_to_first_byte=summarize((r.first_byte_s - r.scheduled_s)[done]),
+        ),
+        slo=Slo(
+            calls=n,
+            met=int(met.sum()),
+            attainment=float(met.sum()) / n if n else 0.0,
+            target=attainment_target(w),
+            goodput_per_s=float(met.sum()) / window,
+            tasks=w.num_tasks,
+            tasks_met_deadline=int(task_met.sum()),
+            task_attainment=float(task_met.sum()) / w.num_tasks if w.num_tasks else 0.0,
+            verified_goodput_per_s=float(task_met.sum()) / window,
+        ),
+        by_class=groups,
+        tokens=Tokens(
+            output_tokens=int(out_tokens[done].sum()),
+            output_tokens_per_s=float(out_tokens[done].sum()) / window,
+            from_usage=float(r.usage[done].mean()) if completed else 0.0,
+            prompt_tokens_reported=int(np.maximum(r.prompt_tokens[done], 0).sum()),
+            asked_output_tokens=int(w.call_output_tokens[done].sum()),
+        ),
+        outcomes=outcomes,
+        cost=cost,
+        checks=run_checks,
+        passed=all(c.passed for c in run_checks),
+    )
+
+
+def count_outcomes(r: CallRecords) -> tuple[dict[str, int], dict[str, int]]:
+    """Calls per error name and per HTTP status (only those that occurred)."""
+    errors = np.bincount(r.error.astype(np.int64), minlength=len(ERRORS))
+    by_error = {name: int(errors[i]) for i, name in enumerate(ERRORS) if errors[i]}
+    statuses, counts = np.unique(r.status[r.status > 0], return_counts=True)
+    by_status = {str(int(s)): int(c) for s, c in zip(statuses, counts, strict=True)}
+    by_error.setdefault(ERRORS[OK], 0)
+    return by_error, by_status

@@ -1,0 +1,210 @@
+"""Fit the affine step-time model to probe timings.
+
+Unknowns (seconds per unit): ``overhead``, ``per_prefill_token``, ``per_prefill_pair``,
+``per_decode_seq``, ``per_decode_kv_token`` (an
+:class:`~headway.core.engine.steptime.AffineStepTime`), plus ``request_overhead``: what a
+request spends outside engine steps before its first token. Samples:
+
+- a prefill probe's TTFT (the fastest of its repeats; prompt ``P``, alone on the engine,
+  in ``n = ceil(P / budget)`` chunks):
+  ``request_overhead + n·overhead + P·per_prefill_token + P(P+1)/2·per_prefill_pair``
+  (chunk pairs ``c·p + c(c+1)/2`` sum to ``P(P+1)/2`` whatever the chunking);
+- a decode segment (``k`` steps of ``B`` sequences, all decoding): the mean gap
+  ``(t_end − t_start)/k`` is ``overhead + B·per_decode_seq + KV·per_decode_kv_token``,
+  where ``KV`` is the mean over the segment of ``Σ context`` (``P + i`` for the step after
+  token ``i``, per sequence).
+
+The fit is non-negative least squares on relative errors (each decode row divided by
+its probe's typical step time, the prefill rows by their median TTFT), so short steps
+count as much as long prefills; samples far off a first
+fit (a stall of the client or the machine) are dropped and the fit repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from headway.calibrate.plan import ProbePlan
+from headway.calibrate.probe import ProbeResult, StreamTiming
+from headway.core.engine.steptime import AffineStepTime
+
+__all__ = ["FitOutcome", "Samples", "collect_samples", "fit_step_time"]
+
+
+@dataclass(slots=True)
+class Samples:
+    """Measurements in engine seconds."""
+
+    ttft: list[tuple[int, int, float]]
+    """``(prompt tokens, prefill chunks, TTFT)`` of prefill probes."""
+    gaps: list[tuple[int, float, float, float, float]]
+    """``(sequences, mean KV tokens, mean step time, weight, typical step time)`` of
+    decode segments; the typical time is the probe's median, the scale of its errors."""
+    num_discarded_probes: int = 0
+    """Decode probes left out because their step times scattered (a disturbed run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FitOutcome:
+    """The fitted model and how well it explains the samples."""
+
+    step_time: AffineStepTime
+    request_overhead_s: float
+    rms_relative_error: float
+    max_relative_error: float
+
+
+def _window(streams: list[StreamTiming]) -> tuple[float, float]:
+    """When every stream is decoding: from the last first token to the first last token."""
+    start = max(s.token_times_s[0] for s in streams)
+    end = min(s.token_times_s[-1] for s in streams)
+    return start, end
+
+
+def collect_samples(results: list[ProbeResult], plan: ProbePlan, time_scale: float) -> Samples:
+    """TTFT and decode-segment samples from the probes (times × ``time_scale``)."""
+    ttft_by_prompt: dict[tuple[int, int], list[float]] = {}
+    gaps: list[tuple[int, float, float, float, float]] = []
+    discarded = 0
+    k = plan.segment_steps
+    for result in results:
+        streams = [s for s in result.streams if len(s.token_times_s) >= 2]
+        if len(streams) < len(result.streams):
+            continue
+        shape = result.shape
+        if shape.concurrency == 1:
+            (s,) = streams
+            p = s.prompt_tokens
+            chunks = math.ceil(p / plan.max_num_batched_tokens)
+            seconds = (s.token_times_s[0] - s.sent_s) * time_scale
+            ttft_by_prompt.setdefault((p, chunks), []).append(seconds)
+        batch = len(streams)
+        start, end = _window(streams)
+        rows: list[tuple[float, float]] = []
+        for s in streams:
+            times = s.token_times_s
+            i0 = next(i for i, t in enumerate(times) if t >= start) + 1
+            i1 = max(i for i, t in enumerate(times) if t <= end) - 1
+            p = s.prompt_tokens
+            i = i0
+            while i + k <= i1:
+                mean_gap = (times[i + k] - times[i]) / k * time_scale
+                kv = batch * (p + i + (k - 1) / 2)
+                rows.append((kv, mean_gap))
+                i += k
+        if not rows:
+            continue
+        # A stall makes one segment long and, as the stream catches up, the next ones
+        # short: within one probe the true step time varies little, so drop those; a
+        # probe whose segments scatter widely was disturbed throughout: drop it whole.
+        values = np.asarray([g for _, g in rows])
+        typical = float(np.median(values))
+        if not typical > 0 or np.median(np.abs(values - typical)) > _PROBE_SCATTER * typical:
+            discarded += 1
+            continue
+        gaps.extend(
+            (batch, kv, g, 1.0 / batch, typical)
+            for kv, g in rows
+            if _PROBE_BAND[0] * typical <= g <= _PROBE_BAND[1] * typical
+        )
+    # Lateness (a busy client, server or machine) only ever adds time: the fastest
+    # repeat is the closest to the engine's own time.
+    ttft = [(p, c, min(ts)) for (p, c), ts in sorted(ttft_by_prompt.items())]
+    return Samples(ttft=ttft, gaps=gaps, num_discarded_probes=discarded)
+
+
+_PROBE_SCATTER = 0.15
+"""A probe whose segments deviate from their median by more than this (median absolute
+deviation, relative) is left out."""
+
+_PROBE_BAND = (0.6, 1.6)
+"""Decode segments outside this band around their probe's median gap are stalls."""
+
+_TRIM_ROUNDS = 3
+_TRIM_SPREADS = 5.0
+_MIN_TRIM_RELATIVE = 0.05
+_MIN_KEPT = 0.75
+"""Never drop more than a quarter of the samples as outliers."""
+
+
+def _nnls(
+    a: np.ndarray[Any, np.dtype[np.float64]],
+    y: np.ndarray[Any, np.dtype[np.float64]],
+    w: np.ndarray[Any, np.dtype[np.float64]],
+) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Weighted non-negative least squares; columns are scaled to unit norm for the
+    solver (they differ by many orders of magnitude)."""
+    aw = a * w[:, None]
+    norms = np.linalg.norm(aw, axis=0)
+    norms[norms == 0] = 1.0
+    theta_scaled, _ = nnls(aw / norms, y * w)
+    result: np.ndarray[Any, np.dtype[np.float64]] = theta_scaled / norms
+    return result
+
+
+def fit_step_time(samples: Samples) -> FitOutcome:
+    """Non-negative least squares on relative errors; see the module docstring.
+
+    Raises:
+        ValueError: with too few samples to fit six unknowns.
+    """
+    rows: list[list[float]] = []
+    ys: list[float] = []
+    weights: list[float] = []
+    refs: list[float] = []
+    # TTFT errors are lateness of about the same size at every prompt length, not a
+    # fraction of the TTFT: the prefill rows share one scale, their median.
+    ttft_scale = float(np.median([t for _, _, t in samples.ttft])) if samples.ttft else 1.0
+    for p, chunks, t in samples.ttft:
+        rows.append([chunks, p, p * (p + 1) / 2, 0.0, 0.0, 1.0])
+        ys.append(t)
+        weights.append(1.0)
+        refs.append(ttft_scale)
+    for b, kv, t, w, typical in samples.gaps:
+        rows.append([1.0, 0.0, 0.0, b, kv, 0.0])
+        ys.append(t)
+        weights.append(w)
+        refs.append(typical)
+    if len(samples.ttft) < 3 or len(samples.gaps) < 3:
+        raise ValueError(
+            f"too few samples to fit ({len(samples.ttft)} prefill, {len(samples.gaps)} "
+            "decode); probe more prompt lengths or longer outputs"
+        )
+    a = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    ref = np.asarray(refs, dtype=np.float64)
+    if not np.all(ref > 0):
+        raise ValueError("a measured time is not positive: the clock or the stream is broken")
+    w = np.sqrt(np.asarray(weights)) / ref
+    keep = np.ones(len(y), dtype=bool)
+    for _ in range(_TRIM_ROUNDS + 1):
+        theta = _nnls(a[keep], y[keep], w[keep])
+        rel = (a @ theta - y) / ref
+        # A sample hit by a stall of the client, the network or the machine is far off
+        # the fit: drop those and refit (the decode segments are many and redundant).
+        spread = float(np.median(np.abs(rel[keep])))
+        limit = max(_MIN_TRIM_RELATIVE, _TRIM_SPREADS * spread)
+        outliers = keep & (np.abs(rel) > limit)
+        outliers[: len(samples.ttft)] = False  # one sample per prompt length: keep them
+        if not outliers.any() or (keep & ~outliers).sum() < _MIN_KEPT * len(y):
+            break
+        keep &= ~outliers
+    rel = rel[keep]
+    step = AffineStepTime(
+        overhead_s=float(theta[0]),
+        per_prefill_token_s=float(theta[1]),
+        per_prefill_pair_s=float(theta[2]),
+        per_decode_seq_s=float(theta[3]),
+        per_decode_kv_token_s=float(theta[4]),
+    )
+    return FitOutcome(
+        step_time=step,
+        request_overhead_s=float(theta[5]),
+        rms_relative_error=float(np.sqrt(np.mean(rel**2))),
+        max_relative_error=float(np.max(np.abs(rel))),
+    )

@@ -1,0 +1,205 @@
+"""Send the probes of a :class:`~headway.calibrate.plan.ProbePlan` and time their streams.
+
+Each request is a streamed ``/v1/completions`` call with a token-id prompt, ``max_tokens``
+and ``ignore_eos`` (so the engine generates exactly that many tokens), and
+``stream_options.include_usage``. The time of every content chunk is taken on receipt with
+``time.perf_counter``; a chunk is one token (what vLLM, SGLang and the emulator send
+without speculative decoding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from headway.calibrate.plan import ProbePlan, ProbeShape
+from headway.core.errors import HeadwayError
+
+__all__ = ["EndpointInfo", "ProbeError", "ProbeResult", "StreamTiming", "discover", "run_probes"]
+
+_FIRST_PROMPT_ID = 1000
+_PROMPT_ID_SPAN = 29000
+"""Prompt token ids are drawn from ``1000 .. 29999``: ordinary tokens in every common
+vocabulary (32k and up)."""
+
+
+class ProbeError(HeadwayError):
+    """The endpoint did not answer a probe as an OpenAI-compatible server should."""
+
+
+@dataclass(slots=True)
+class StreamTiming:
+    """One probe request, timed."""
+
+    prompt_tokens: int
+    sent_s: float
+    """``perf_counter`` when the request was sent."""
+    token_times_s: list[float] = field(default_factory=list)
+    """``perf_counter`` on receipt of each content chunk."""
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ProbeResult:
+    """The streams of one probe."""
+
+    shape: ProbeShape
+    streams: list[StreamTiming]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """What the endpoint says about itself."""
+
+    model: str
+    engine: str
+    hardware: str
+    time_scale: float
+    """Engine seconds per wall second: an emulator's ``speedup`` (``/version``), else 1."""
+    max_model_len: int | None
+    """Longest prompt + output the model takes (vLLM lists it in ``/v1/models``)."""
+
+
+async def discover(session: aiohttp.ClientSession, target: str, model: str | None) -> EndpointInfo:
+    """Read ``/v1/models`` (the model to probe) and ``/version`` (engine, hardware,
+    speed-up) when the endpoint has them."""
+    try:
+        async with session.get(f"{target}/v1/models") as resp:
+            server = resp.headers.get("Server", "")
+            if resp.status != 200:
+                raise ProbeError(
+                    f"{target}/v1/models answered HTTP {resp.status}; is it an "
+                    "OpenAI-compatible server?"
+                )
+            data = (await resp.json()).get("data", [])
+    except aiohttp.ClientError as error:
+        raise ProbeError(f"cannot reach {target}: {error}") from None
+    listed = [m for m in data if isinstance(m, dict)]
+    if model is None:
+        if not listed:
+            raise ProbeError(f"{target}/v1/models lists no model; pass --model")
+        model = str(listed[0].get("id", ""))
+    lengths = [m.get("max_model_len") for m in listed if m.get("id") == model]
+    max_model_len = lengths[0] if lengths and isinstance(lengths[0], int) else None
+    version: dict[str, object] = {}
+    try:
+        async with session.get(f"{target}/version") as resp:
+            if resp.status == 200:
+                body = await resp.json(content_type=None)
+                if isinstance(body, dict):
+                    version = body
+    except (aiohttp.ClientError, json.JSONDecodeError):
+        pass
+    engine = str(version.get("version") or server or "")
+    if engine and not engine.startswith(("vllm", "headway")) and "version" in version:
+        engine = f"vllm {engine}"  # vLLM's /version is {"version": "0.11.0"}
+    speedup = version.get("speedup")
+    scale = float(speedup) if isinstance(speedup, int | float) and speedup > 0 else 1.0
+    return EndpointInfo(
+        model=model,
+        engine=engine,
+        hardware=str(version.get("hardware") or ""),
+        time_scale=scale,
+        max_model_len=max_model_len,
+    )
+
+
+def _prompt(rng: random.Random, length: int, serial: int) -> list[int]:
+    first = _FIRST_PROMPT_ID + serial % _PROMPT_ID_SPAN
+    return [first, *(rng.randrange(_FIRST_PROMPT_ID, _FIRST_PROMPT_ID + _PROMPT_ID_SPAN)
+                     for _ in range(length - 1))]  # fmt: skip
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    prompt: list[int],
+    output_tokens: int,
+    start: asyncio.Event,
+) -> StreamTiming:
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": output_tokens, "min_tokens": output_tokens,
+        "ignore_eos": True, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+    }).encode()  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    await start.wait()
+    timing = StreamTiming(prompt_tokens=len(prompt), sent_s=time.perf_counter())
+    times = timing.token_times_s
+    clock = time.perf_counter
+    async with session.post(url, data=body, headers=headers) as resp:
+        if resp.status != 200:
+            text = (await resp.text())[:300]
+            raise ProbeError(f"{url} answered HTTP {resp.status} to a probe: {text}")
+        async for line in resp.content:
+            now = clock()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            chunk = json.loads(payload)
+            choices = chunk.get("choices") or []
+            if choices and choices[0].get("text"):
+                times.append(now)
+            usage = chunk.get("usage")
+            if usage:
+                timing.usage_prompt_tokens = usage.get("prompt_tokens")
+                timing.usage_completion_tokens = usage.get("completion_tokens")
+    return timing
+
+
+async def run_probes(
+    target: str,
+    plan: ProbePlan,
+    *,
+    model: str | None = None,
+    read_timeout_s: float = 120.0,
+    seed: int = 0,
+    progress: Callable[[int, int, ProbeShape], None] | None = None,
+) -> tuple[EndpointInfo, list[ProbeResult]]:
+    """Discover the endpoint, warm it up, and run every probe of ``plan`` that fits the
+    model's length limit, in order."""
+    target = target.rstrip("/")
+    most = max(plan.decode_concurrency, default=1)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout_s)
+    connector = aiohttp.TCPConnector(limit=most + 2, force_close=False)
+    rng = random.Random(seed)
+    serial = 0
+    results: list[ProbeResult] = []
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        info = await discover(session, target, model)
+        shapes = plan.shapes(info.max_model_len)
+        url = f"{target}/v1/completions"
+        # Warm-up: open the connections and let the engine reach its steady state.
+        start = asyncio.Event()
+        warm = [
+            _one(session, url, info.model, _prompt(rng, 16, serial + i), 4, start)
+            for i in range(most)
+        ]
+        serial += most
+        start.set()
+        await asyncio.gather(*warm)
+        for n, shape in enumerate(shapes):
+            if progress is not None:
+                progress(n, len(shapes), shape)
+            start = asyncio.Event()
+            calls = []
+            for _ in range(shape.concurrency):
+                prompt = _prompt(rng, shape.prompt_tokens, serial)
+                serial += 1
+                calls.append(_one(session, url, info.model, prompt, shape.output_tokens, start))
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            await asyncio.sleep(0)  # every task is waiting on `start`
+            start.set()
+            streams = list(await asyncio.gather(*tasks))
+            results.append(ProbeResult(shape=shape, streams=streams))
+    return info, results

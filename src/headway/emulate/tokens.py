@@ -1,0 +1,109 @@
+"""Token counts of prompts and the emulator's deterministic output tokens.
+
+The emulator has no tokenizer. A prompt's token count is an estimate, documented in
+``docs/emulate.md``: ``ceil(utf-8 bytes / 4)`` for text (at least 1), the list's length for
+a prompt of token ids, and for chat ``3 + Σ (4 + tokens(content))`` over the messages (the
+role and separator tokens of a chat template, as OpenAI's cookbook counts them).
+
+Output token ids are a pure function of the model revision, the prompt and the sampling
+seed, so a fixed greedy prompt always yields the same output: a readiness *fingerprint*
+that changes when the revision does (or when the ``corrupt_fingerprint`` fault is on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "CHAT_MESSAGE_OVERHEAD_TOKENS",
+    "CHAT_REPLY_PRIMING_TOKENS",
+    "OutputTokens",
+    "estimate_text_tokens",
+    "fingerprint",
+    "token_text",
+]
+
+BYTES_PER_TOKEN: Final = 4
+"""UTF-8 bytes per token in the prompt estimate (English text with BPE vocabularies)."""
+
+CHAT_MESSAGE_OVERHEAD_TOKENS: Final = 4
+"""Template tokens per chat message (role, separators)."""
+
+CHAT_REPLY_PRIMING_TOKENS: Final = 3
+"""Template tokens that start the assistant's reply."""
+
+_WORDS: Final = tuple(
+    str.split(
+        "the of and to in is was for on are with as be at by this had not but from or "
+        "have an they which one you were her all she there would their we him been has "
+        "when who will more no if out so said what up its about into than them can only "
+        "other new some could time these two may then do first any my now such like our "
+        "over man me even most made after also did many before must through back years "
+        "where much your way well down should because each just those people how too "
+        "little state good very make world still own see men work long get here between "
+        "both life being under never day same another know while last might us great old "
+        "year off come since against go came right used take three"
+    )
+)
+"""The emulator's output vocabulary: token id ``i`` reads ``" " + _WORDS[i % len]``."""
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Estimated tokens of ``text``: ``ceil(utf-8 bytes / 4)``, at least 1."""
+    return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
+
+
+def token_text(token_id: int) -> str:
+    """The text of output token ``token_id`` (a space and a common English word)."""
+    return " " + _WORDS[token_id % len(_WORDS)]
+
+
+def _seed_of(*parts: object) -> int:
+    digest = hashlib.blake2b(repr(parts).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+class OutputTokens:
+    """The output token ids of one request, drawn lazily from a seeded generator.
+
+    ``prompt_key`` identifies the prompt (its text, or its token ids); ``sample_seed`` is
+    ``None`` for greedy decoding (temperature 0), so the output depends only on the
+    revision and the prompt.
+    """
+
+    __slots__ = ("_ids", "_rng", "_vocab_size")
+
+    def __init__(
+        self, revision: str, prompt_key: object, sample_seed: int | None, vocab_size: int
+    ) -> None:
+        self._rng = random.Random(_seed_of(revision, prompt_key, sample_seed))
+        self._vocab_size = vocab_size
+        self._ids: list[int] = []
+
+    def ids(self, count: int) -> Sequence[int]:
+        """The first ``count`` token ids."""
+        ids = self._ids
+        rand = self._rng.randrange
+        while len(ids) < count:
+            ids.append(rand(self._vocab_size))
+        return ids[:count]
+
+    def take(self, start: int, stop: int) -> list[int]:
+        """Token ids ``start .. stop - 1``."""
+        self.ids(stop)
+        return self._ids[start:stop]
+
+
+def fingerprint(revision: str, prompt: str, num_tokens: int, vocab_size: int) -> str:
+    """The greedy output text of ``prompt`` on an emulator serving ``revision``.
+
+    A readiness probe sends ``prompt`` with ``temperature: 0`` and ``max_tokens:
+    num_tokens`` to ``/v1/completions`` and compares the text with this.
+    """
+    ids = OutputTokens(revision, ("text", prompt), None, vocab_size).ids(num_tokens)
+    return "".join(token_text(i) for i in ids)

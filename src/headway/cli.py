@@ -7,23 +7,30 @@ names the key path, the value and the fix).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from headway import __version__
-from headway.bench import commands as bench_commands
-from headway.calibrate import commands as calibrate_commands
 from headway.core.errors import HeadwayError
-from headway.emulate import commands as emulate_commands
-from headway.files import commands as workload_commands
-from headway.planner import commands as plan_commands
-from headway.report import commands as report_commands
-from headway.sim import commands as sim_commands
-from headway.trace import commands as trace_commands
+
+_VERB_MODULES: dict[str, str] = {
+    "plan": "headway.planner.commands",
+    "report": "headway.report.commands",
+    "simulate": "headway.sim.commands",
+    "sweep": "headway.sim.commands",
+    "trace": "headway.trace.commands",
+    "workload": "headway.files.commands",
+    "emulate": "headway.emulate.commands",
+    "calibrate": "headway.calibrate.commands",
+    "bench": "headway.bench.commands",
+}
+"""Which module registers each verb. A command imports only its own verb's module (a
+load generator must start fast); ``--help`` and unknown verbs import them all."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every verb."""
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``verb`` (None: of every verb)."""
     parser = argparse.ArgumentParser(
         prog="headway",
         description="LLM serving capacity as a queue: plan, simulate, and read traces.",
@@ -32,21 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"headway {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
-    plan_commands.register(subparsers)
-    report_commands.register(subparsers)
-    sim_commands.register(subparsers)
-    trace_commands.register(subparsers)
-    workload_commands.register(subparsers)
-    emulate_commands.register(subparsers)
-    calibrate_commands.register(subparsers)
-    bench_commands.register(subparsers)
+    modules = [_VERB_MODULES[verb]] if verb in _VERB_MODULES else list(_VERB_MODULES.values())
+    for name in dict.fromkeys(modules):
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_list[0] if args_list else None)
+    args = parser.parse_args(args_list)
     if args.verb is None:
         parser.print_help(sys.stderr)
         return 2

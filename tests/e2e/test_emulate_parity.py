@@ -9,8 +9,6 @@ from headway.core.engine.steptime import AffineStepTime
 from headway.emulate.parity import compare_simulate_emulate
 from headway.files.workload import parse_workload
 
-pytest.importorskip("headway.bench.benchmark")
-
 PROFILE = AffineStepTime(
     overhead_s=0.005, per_prefill_token_s=6e-05, per_prefill_pair_s=2e-09,
     per_decode_seq_s=0.00025, per_decode_kv_token_s=3e-07,

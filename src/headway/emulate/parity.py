@@ -74,7 +74,7 @@ def compare_simulate_emulate(
                 target=parse_target(emu.url), endpoint="completions", seed=spec.seed, workers=1
             )
             bench = run_bench(bench_input, options).result
-            lag_max_s = _lag_max_s(emu.url)
+            lag_max_s = emulator_lag_max_s(emu.url)
     lat, slat = bench.latencies, sim.latencies
 
     def scaled(value: float | None) -> float | None:
@@ -95,7 +95,8 @@ def compare_simulate_emulate(
                         calls=sim.calls, emulator_lag_max_s=lag_max_s)  # fmt: skip
 
 
-def _lag_max_s(url: str) -> float:
+def emulator_lag_max_s(url: str) -> float:
+    """The emulator's largest lag behind real time so far (its metrics), wall seconds."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     match = re.search(r"^headway_emulator_lag_max_seconds\S* (\S+)$", text, re.MULTILINE)

@@ -121,6 +121,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     """Attempts that were on a replica when a fault took it."""
     tool_failures: int = 0
     """Tool calls to downstream services that timed out or were refused."""
+    tool_retries: int = 0
+    """Of those, tool calls the agent sent again under the clients' retry policy."""
 
 
 class Accounting(msgspec.Struct, frozen=True, kw_only=True):
@@ -441,6 +443,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             replicas_max=out.replicas_provisioned_max,
             calls_lost_with_replicas=out.calls_lost_with_replicas,
             tool_failures=out.tool_failures,
+            tool_retries=out.tool_retries,
         ),
         accounting=_accounting(out),
     )

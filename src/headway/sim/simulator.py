@@ -75,6 +75,7 @@ _AUTOSCALE = 9  # the autoscaler evaluates its signals
 _REPLICA_READY = 10  # a: replica; a started replica becomes ready
 _TOOL_CALL = 11  # a: call whose step's tool calls run, b: index of the tool call
 _DUPLICATE = 12  # a: call; its client, still waiting, may submit it again
+_TOOL_FAILED = 13  # a: call, b: tool call code; the agent sees its tool call time out
 
 _ATTEMPT_CODES = 128
 """A queued gateway item is ``call * _ATTEMPT_CODES + attempt`` (``max_attempts`` <= 100),
@@ -199,8 +200,9 @@ class SimOutcome:
     calls_lost_with_replicas: int = 0
     """Attempts that were on a replica when it was lost."""
     tool_failures: int = 0
-    """Tool calls to a downstream service that timed out or were refused, ending their
-    task."""
+    """Tool calls to a downstream service that timed out or were refused."""
+    tool_retries: int = 0
+    """Of those, the ones the agent sent again (the rest ended their task)."""
     duplicates_sent: int = 0
     """Duplicates clients submitted that reached the replicas (no gateway to recognise
     them): the same call computed twice."""
@@ -405,12 +407,17 @@ class Simulator:
         self._window_wait_s = 0.0
         self._window_admitted = 0
         self._window_tokens = 0
+        self._window_finished = 0
+        self._window_missed = 0
+        """Calls completed, and of them past their class's ``e2e_s``, since the last
+        autoscaler evaluation."""
         self._services = [
             DownstreamService(DownstreamConfig.from_service(workload.spec.services[name]))
             for name in workload.service_names
         ]
         self._call_service = workload.call_tool_service.tolist()
         self._num_tool_failures = 0
+        self._tool_retries = 0
         self._init_duplicates(workload)
 
     # ------------------------------------------------------------------ main loop
@@ -481,6 +488,8 @@ class Simulator:
                 self._replica_ready(a, now)
             elif kind == _TOOL_CALL:
                 self._tool_call(a, b, now)
+            elif kind == _TOOL_FAILED:
+                self._tool_failed(a, b, now)
             elif kind == _DUPLICATE:
                 self._duplicate(a, now)
         self._flush_itl()
@@ -516,6 +525,7 @@ class Simulator:
             ),
             calls_lost_with_replicas=self._num_lost_calls,
             tool_failures=self._num_tool_failures,
+            tool_retries=self._tool_retries,
             duplicates_sent=self._duplicates_sent,
             duplicates_coalesced=self._duplicates_coalesced,
             duplicate_output_tokens=self._duplicate_tokens,
@@ -710,6 +720,11 @@ class Simulator:
         self._outcome[j] = _COMPLETED
         self._live_calls -= 1
         task = self._call_task[j]
+        if self.autoscaler is not None:
+            bound_s = self._class_e2e_s[self._task_class[task]]
+            self._window_finished += 1
+            if bound_s is not None and now - self._arrival_s[j] > bound_s:
+                self._window_missed += 1
         if self._task_left[task] <= 0:  # a losing branch finishing after the winner
             return
         if self._join_first[self._task_class[task]]:
@@ -730,25 +745,43 @@ class Simulator:
         tool_s = self._call_tool[j]
         self.events.push(now + tool_s, DISPATCH, _STEP_DISPATCH, task, step + 1)
 
-    def _tool_call(self, j: int, index: int, now: float) -> None:
-        """Tool call ``index`` after call ``j``'s step goes to its downstream service at
-        ``now``; its response starts the next tool call, or the task's next step. A call
-        that times out or is refused ends the task (its later calls are not offered)."""
+    def _tool_call(self, j: int, code: int, now: float) -> None:
+        """A tool call after call ``j``'s step goes to its downstream service at ``now``
+        (``code``: the tool call's index × ``_ATTEMPT_CODES`` + its attempt, 0 for the
+        first); its response starts the next tool call, or the task's next step. A call
+        that times out or is refused is retried by the agent under the clients' retry
+        policy (the abandoned work still holds its connection: seed 000's pool), or ends
+        the task (its later calls are not offered)."""
         w = self.w
+        index = code // _ATTEMPT_CODES
         service = self._services[self._call_service[j]]
         service_s = float(w.tool_service_s[int(w.call_tool_first[j]) + index])
         result = service.submit(now, service_s)
         if result.timed_out or result.refused:
             self._num_tool_failures += 1
-            self._task_ended(self._call_task[j], now)
+            self.events.push(result.response_s, DISPATCH, _TOOL_FAILED, j, code)
             return
         if index + 1 < int(w.call_tool_count[j]):
-            self.events.push(result.response_s, DISPATCH, _TOOL_CALL, j, index + 1)
+            self.events.push(
+                result.response_s, DISPATCH, _TOOL_CALL, j, (index + 1) * _ATTEMPT_CODES
+            )
             return
         task = self._call_task[j]
         self.events.push(
             result.response_s, DISPATCH, _STEP_DISPATCH, task, self._task_step[task] + 1
         )
+
+    def _tool_failed(self, j: int, code: int, now: float) -> None:
+        """The agent of call ``j``'s task sees tool call ``code`` time out (or refused)."""
+        attempt = code % _ATTEMPT_CODES + 1
+        k = self._task_class[self._call_task[j]]
+        outcome = AttemptOutcome(kind=FailureKind.TIMEOUT, idempotent=self._class_idempotent[k])
+        retry = self._retry_policy.next_attempt(now, attempt, outcome, None, self._retry_rng)
+        if isinstance(retry, RetryAfter):
+            self._tool_retries += 1
+            self.events.push(now + retry.delay_s, DISPATCH, _TOOL_CALL, j, code + 1)
+            return
+        self._task_ended(self._call_task[j], now)
 
     def _cancel_siblings(self, task: int, winner: int, now: float) -> None:
         branches = self._calls_per_step[self._task_class[task]]
@@ -901,8 +934,12 @@ class Simulator:
             ),
             admitted_tokens_per_s=self._window_tokens / interval_s,
             kv_occupancy=(sum(d.model.kv_usage for d in ready) / len(ready)) if ready else 1.0,
+            deadline_miss_ratio=(
+                self._window_missed / self._window_finished if self._window_finished else 0.0
+            ),
         )
         self._window_wait_s, self._window_admitted, self._window_tokens = 0.0, 0, 0
+        self._window_finished = self._window_missed = 0
         decision = scaler.decide(now, signals)
         if isinstance(decision, ScaleUp):
             assert self._new_replica is not None

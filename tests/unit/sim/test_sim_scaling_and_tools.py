@@ -84,7 +84,9 @@ def test_the_autoscaler_adds_replicas_after_its_delays_and_removes_them_later() 
     assert scaled.engine.replica_hours < scaled.engine.replicas_max * out.end_s / 3600
 
 
-def _agents(service: dict[str, Any], rate_per_s: float = 4.0) -> tuple[SimResult, SimOutcome]:
+def _agents(
+    service: dict[str, Any], rate_per_s: float = 4.0, retries: dict[str, Any] | None = None
+) -> tuple[SimResult, SimOutcome]:
     data = {
         "name": "agents",
         "duration_s": 60,
@@ -98,6 +100,7 @@ def _agents(service: dict[str, Any], rate_per_s: float = 4.0) -> tuple[SimResult
             }
         },
         "services": {"db": service},
+        "clients": {"retries": retries or {"max_attempts": 1}},
         "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": rate_per_s}}],
     }
     cluster = {"replicas": 2, "model": "llama-2-7b", "gpu": "a100", "num_kv_blocks": 4000}
@@ -126,3 +129,26 @@ def test_a_tool_call_that_times_out_ends_its_task() -> None:
     # The calls after a failed tool call are never offered.
     not_offered = out.calls.outcome == OUTCOMES.index("not_offered")
     assert not_offered.sum() > 0
+
+
+def test_agents_retry_timed_out_tool_calls_and_the_retries_pile_onto_the_pool() -> None:
+    service = {"servers": 1, "service_time_s": 0.5, "timeout_s": 2.0}
+    once, _once_out = _agents(service)
+    retried, retried_out = _agents(
+        service, retries={"max_attempts": 3, "backoff_base_s": 0.1, "budget_ratio": None}
+    )
+    assert once.engine.tool_retries == 0 and retried.engine.tool_retries > 0
+    # Every failure is retried or ends its task.
+    ended = int(np.isnan(retried_out.task_finish_s).sum())
+    assert retried.engine.tool_failures == retried.engine.tool_retries + ended
+    # The abandoned calls keep the connection busy: retrying makes more calls time out.
+    assert retried.engine.tool_failures > once.engine.tool_failures
+    assert retried.accounting.balanced
+
+
+@pytest.mark.parametrize(
+    ("signal", "target"), [("kv_occupancy", 0.5), ("admitted_tokens_per_replica", 3000.0)]
+)
+def test_the_other_signals_scale_the_pool_too(signal: str, target: float) -> None:
+    _, result, _ = _scaled({**_AUTOSCALER, "signal": signal, "target": target})
+    assert result.accounting.balanced and result.engine.replicas_max > 1

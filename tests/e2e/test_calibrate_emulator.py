@@ -111,3 +111,24 @@ def test_a_bad_profile_file_names_the_key(
     assert main(["simulate", str(workload), "--cluster", str(cluster)]) == 2
     err = capsys.readouterr().err
     assert "bad.json" in err and "overhead_s" in err
+
+
+def test_simulate_and_plan_take_a_profile_flag(
+    truth_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(yaml.safe_dump(WORKLOAD), encoding="utf-8")
+    assert main(["simulate", str(workload), "--json"]) == 0
+    roofline = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(workload), "--profile", str(truth_file), "--json"]) == 0
+    profiled = json.loads(capsys.readouterr().out)
+    # The same calls, other step times: the profile replaced the roofline.
+    assert profiled["calls"] == roofline["calls"]
+    assert profiled["latencies"]["tpot"]["p50_s"] != roofline["latencies"]["tpot"]["p50_s"]
+    code = main(["plan", str(workload), "--profile", str(truth_file), "--json",
+                 "--seeds", "1", "--point-duration-s", "20", "--jobs", "1"])  # fmt: skip
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and "profile" in plan["simulated"]["cluster_source"]
+    assert plan["simulated"]["cluster"]["step_time"] == "profile"
+    missing = main(["simulate", str(workload), "--profile", str(tmp_path / "nope.json")])
+    assert missing == 2

@@ -28,7 +28,7 @@ from headway.planner.plan import ClusterChoice, build_plan, default_cluster
 from headway.planner.render import plan_to_builtins, plan_to_json, render_plan_terminal
 from headway.planner.simulated import PlanSettings
 from headway.report.html import render_plan_html
-from headway.sim.cluster import parse_cluster
+from headway.sim.cluster import parse_cluster, with_profile
 
 INTERRUPTED_EXIT = 130
 
@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         default=None,
         help="the cluster file (model, GPU, engine); default: the route's model on an H100",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a step-time profile from `headway calibrate` (replaces the cluster's model)",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder for plan.json and report.html"
@@ -151,6 +157,11 @@ def _plan(args: argparse.Namespace) -> int:
     if args.seed is not None:
         spec = msgspec.structs.replace(spec, seed=args.seed)
     choice = choose_cluster(args.cluster, default_cluster(spec))
+    if args.profile is not None and choice.spec is not None:
+        choice = ClusterChoice(
+            spec=with_profile(choice.spec, args.profile),
+            source=f"{choice.source}; step times from the profile {args.profile}",
+        )
     jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
     executor: PointExecutor | None = None
     console = Console()

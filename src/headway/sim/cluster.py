@@ -204,3 +204,10 @@ def replicas_needed_hint(tokens_per_s: float, per_replica_tokens_per_s: float) -
     if per_replica_tokens_per_s <= 0:
         return 1
     return max(1, math.ceil(tokens_per_s / per_replica_tokens_per_s))
+
+
+def with_profile(spec: ClusterSpec, path: Path) -> ClusterSpec:
+    """``spec`` predicting step times from the profile file at ``path`` (``--profile``,
+    what ``headway calibrate`` writes) instead of its own step-time model."""
+    profile = read_profile(path)
+    return msgspec.structs.replace(spec, step_time="profile", profile=profile.step_time)

@@ -25,7 +25,7 @@ from headway.files.jsonout import to_json
 from headway.files.output import write_text_atomic
 from headway.files.workload import load_workload, read_yaml
 from headway.sim import baddays
-from headway.sim.cluster import ClusterSpec, parse_cluster
+from headway.sim.cluster import ClusterSpec, parse_cluster, with_profile
 from headway.sim.results import SimResult, write_records
 from headway.sim.run import simulate
 from headway.sim.simulator import SimOptions
@@ -62,15 +62,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", metavar="WORKLOAD", help="the workload file (YAML)")
     parser.add_argument("--cluster", type=Path, default=None, help="the cluster file (YAML)")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a step-time profile from `headway calibrate` (replaces the cluster's model)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="run seed (default: file's)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def load_cluster(path: Path | None) -> ClusterSpec:
-    """The cluster file, or the default cluster (one Llama-3-8B replica on an H100)."""
-    if path is None:
-        return ClusterSpec()
-    return parse_cluster(read_yaml(path), str(path))
+def load_cluster(path: Path | None, profile: Path | None = None) -> ClusterSpec:
+    """The cluster file, or the default cluster (one Llama-3-8B replica on an H100), with
+    the step times of ``profile`` when one is given."""
+    cluster = ClusterSpec() if path is None else parse_cluster(read_yaml(path), str(path))
+    return cluster if profile is None else with_profile(cluster, profile)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -78,7 +84,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--load must be > 0 (got {args.load}); 1 is the file's load")
     baddays.check_arguments(args)
     loaded = load_workload(args.workload)
-    cluster = load_cluster(args.cluster)
+    cluster = load_cluster(args.cluster, args.profile)
     if args.bad_days:
         return baddays.command(args, loaded.spec, cluster, loaded.traces)
     spec = scale_workload(loaded.spec, args.load) if args.load != 1 else loaded.spec
@@ -151,7 +157,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
     loaded = load_workload(args.workload)
-    cluster = load_cluster(args.cluster)
+    cluster = load_cluster(args.cluster, args.profile)
     result = sweep(
         loaded.spec, cluster, factors=factors, search=args.search, seed=args.seed, jobs=jobs,
         traces=loaded.traces,

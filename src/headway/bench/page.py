@@ -10,6 +10,8 @@ import html
 import math
 from typing import Any
 
+from headway.report.tables import fmt
+
 _CSS = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
 max-width:1100px;color:#1d2330;padding:0 1rem}
@@ -23,21 +25,8 @@ svg text{font:12px system-ui,sans-serif}
 """
 
 
-def _num(value: Any, unit: str = "") -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            return "∞"
-        text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-        return html.escape(text + unit)
-    return html.escape(str(value))
-
-
 def _ms(seconds: float | None) -> str:
-    return "—" if seconds is None else _num(seconds * 1000, " ms")
+    return "—" if seconds is None else fmt(seconds * 1000, " ms")
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -109,19 +98,19 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
         "generator too</span>"
     )
     summary = (
-        f"<div class='summary'><b>{_num(pacing['achieved_rate_per_s'])} calls/s sent</b> "
-        f"(offered {_num(pacing['offered_rate_per_s'])}), lateness p99 "
+        f"<div class='summary'><b>{fmt(pacing['achieved_rate_per_s'])} calls/s sent</b> "
+        f"(offered {fmt(pacing['offered_rate_per_s'])}), lateness p99 "
         f"{_ms(pacing['lateness']['p99_s'])}; SLO attainment "
         f"<b>{slo['attainment']:.1%}</b> (target {slo['target']:.0%}), goodput "
-        f"{_num(slo['goodput_per_s'])}/s; {verdict}.</div>"
+        f"{fmt(slo['goodput_per_s'])}/s; {verdict}.</div>"
     )
     checks = _table(
         ["check", "value", "limit", "passed"],
         [
             [
                 html.escape(c["name"]),
-                _num(c["value"]),
-                _num(c["limit"]),
+                fmt(c["value"]),
+                fmt(c["limit"]),
                 "<span class='good'>yes</span>" if c["passed"] else "<span class='bad'>no</span>",
             ]
             for c in result["checks"]
@@ -130,12 +119,12 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
     pace = _table(
         ["", "value"],
         [
-            ["scheduled calls", _num(pacing["scheduled_calls"])],
-            ["sent calls", _num(pacing["sent_calls"])],
-            ["offered rate /s", _num(pacing["offered_rate_per_s"])],
-            ["achieved rate /s", _num(pacing["achieved_rate_per_s"])],
-            ["scheduled gap CV", _num(pacing["scheduled_gap_cv"])],
-            ["sent gap CV", _num(pacing["sent_gap_cv"])],
+            ["scheduled calls", fmt(pacing["scheduled_calls"])],
+            ["sent calls", fmt(pacing["sent_calls"])],
+            ["offered rate /s", fmt(pacing["offered_rate_per_s"])],
+            ["achieved rate /s", fmt(pacing["achieved_rate_per_s"])],
+            ["scheduled gap CV", fmt(pacing["scheduled_gap_cv"])],
+            ["sent gap CV", fmt(pacing["sent_gap_cv"])],
             *[
                 [f"lateness {q}", _ms(pacing["lateness"][f"{q}_s"])]
                 for q in ("p50", "p90", "p99", "max")
@@ -158,8 +147,8 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
         [
             [
                 html.escape(g["name"]),
-                _num(g["calls"]),
-                _num(g["completed"]),
+                fmt(g["calls"]),
+                fmt(g["completed"]),
                 "—" if g["slo_attainment"] is None else f"{g['slo_attainment']:.1%}",
                 _ms(g["ttft_p99_s"]),
                 _ms(g["e2e_p99_s"]),
@@ -168,13 +157,13 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
         ],
     )
     outcomes = result["outcomes"]
-    out_rows = [[html.escape(k), _num(v)] for k, v in outcomes["by_error"].items()]
-    out_rows += [[f"HTTP {html.escape(k)}", _num(v)] for k, v in outcomes["by_status"].items()]
+    out_rows = [[html.escape(k), fmt(v)] for k, v in outcomes["by_error"].items()]
+    out_rows += [[f"HTTP {html.escape(k)}", fmt(v)] for k, v in outcomes["by_status"].items()]
     cost_rows = [
-        ["workers", _num(cost["workers"])],
+        ["workers", fmt(cost["workers"])],
         ["event loop", html.escape(cost["loop"])],
-        ["CPU per request", _num(cost["cpu_ms_per_request"], " ms")],
-        ["startup", _num(cost["startup_s"], " s")],
+        ["CPU per request", fmt(cost["cpu_ms_per_request"], " ms")],
+        ["startup", fmt(cost["startup_s"], " s")],
         ["connections pre-opened / opened", f"{cost['connections_prefilled']} / "
          f"{outcomes['connects']}"],
     ]  # fmt: skip
@@ -201,13 +190,13 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
         f"<h1>bench: {html.escape(result['workload'])}</h1>"
         f"<p class='muted'>{html.escape(result['target'])} · model "
         f"{html.escape(result['model'])} · {html.escape(result['endpoint'])} · seed "
-        f"{result['seed']} · load ×{_num(result['load_factor'])}</p>{summary}"
+        f"{result['seed']} · load ×{fmt(result['load_factor'])}</p>{summary}"
         f"<h2>Checks (exit code 1 when one fails)</h2>{checks}"
         f"<h2>Pacing</h2>{pace}{rate_svg}"
         f"<h2>Latencies</h2>{latencies}{ttft_svg}"
         f"<h2>SLO by class</h2>{classes}"
         f"<p>tasks within deadline: {slo['task_attainment']:.1%} "
-        f"(verified goodput {_num(slo['verified_goodput_per_s'])}/s)</p>"
+        f"(verified goodput {fmt(slo['verified_goodput_per_s'])}/s)</p>"
         f"<h2>Outcomes</h2>{_table(['outcome', 'calls'], out_rows)}"
         f"<h2>The generator</h2>{_table(['', 'value'], cost_rows)}"
     )
@@ -230,10 +219,10 @@ def render_sweep(sweep: dict[str, Any]) -> str:
     )
     rows = [
         [
-            _num(p["load_factor"]),
-            _num(p["offered_calls_per_s"]),
+            fmt(p["load_factor"]),
+            fmt(p["offered_calls_per_s"]),
             f"{p['slo_attainment']:.1%}",
-            _num(p["goodput_per_s"]),
+            fmt(p["goodput_per_s"]),
             _ms(p["ttft_p99_s"]),
             _ms(p["lateness_p99_s"]),
             "yes" if p["sender_ok"] else "<span class='bad'>no</span>",
@@ -241,10 +230,10 @@ def render_sweep(sweep: dict[str, Any]) -> str:
         for p in points
     ]
     verdict = (
-        f"knee at ×{_num(knee['load_factor'])} ({_num(knee['offered_calls_per_s'])} calls/s) "
+        f"knee at ×{fmt(knee['load_factor'])} ({fmt(knee['offered_calls_per_s'])} calls/s) "
         f"keeps attainment ≥ {knee['target']:.0%}"
         if knee["found"]
-        else f"even ×{_num(knee['upper_load_factor'])} misses {knee['target']:.0%}"
+        else f"even ×{fmt(knee['upper_load_factor'])} misses {knee['target']:.0%}"
     )
     note = (
         "<p class='bad'>a point next to the knee missed the sender's budget: the knee may be "

@@ -147,6 +147,12 @@ def build_plan(
         skipped = "--analytic-only was given"
     elif choice.spec is None:
         skipped = choice.source
+    elif choice.spec.disaggregation is not None:
+        skipped = (
+            "the cluster is disaggregated (prefill/decode pools); the plan's replica search "
+            "does not size two pools yet: simulate it with `headway simulate`, or plan the "
+            "colocated cluster"
+        )
     elif executor is None:
         skipped = "no executor"
     sim: SimulatedPlan | None = None

@@ -37,17 +37,34 @@ from headway.sim.gateway import GatewayConfig
 
 
 class Disaggregation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Prefill/decode disaggregation: separate pools, KV moved between them."""
+    """Prefill/decode disaggregation: separate pools, KV moved between them.
+
+    The first ``prefill_replicas`` replicas only prefill (each call there emits its first
+    token), the others only decode; a call's prompt KV moves between them in
+    ``interconnect latency + prompt tokens × KV bytes per token per GPU / bandwidth``
+    (``docs/simulate.md``).
+    """
 
     prefill_replicas: int
-    """Replicas that only prefill (the rest of ``replicas`` only decode)."""
+    """Replicas that only prefill (the first ones; the rest of ``replicas`` only decode)."""
 
     kv_transfer_bandwidth_bytes_per_s: float | None = None
-    """Bandwidth of the KV transfer (default: the GPU's interconnect)."""
+    """Per-GPU, one-direction bandwidth of the KV transfer (every GPU of a replica sends
+    its shard of the KV at once). Default: half the GPU's interconnect bandwidth, which
+    the catalog gives bidirectional, as marketed."""
 
     def __post_init__(self) -> None:
         if self.prefill_replicas < 1:
-            raise ValueError(f"`prefill_replicas` must be >= 1 (got {self.prefill_replicas})")
+            raise ValueError(
+                f"`disaggregation.prefill_replicas` must be >= 1 (got {self.prefill_replicas}); "
+                "give at least one prefill replica, or remove `disaggregation`"
+            )
+        bandwidth = self.kv_transfer_bandwidth_bytes_per_s
+        if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ValueError(
+                f"`disaggregation.kv_transfer_bandwidth_bytes_per_s` must be > 0 (got "
+                f"{bandwidth}); give bytes per second, e.g. 450e9 for NVLink 4, or omit it"
+            )
 
 
 class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -86,7 +103,8 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ``step_time: profile``)."""
 
     disaggregation: Disaggregation | None = None
-    """Separate prefill and decode pools (not yet simulated; rejected for now)."""
+    """Separate prefill and decode pools (None: every replica does both). Not simulated
+    together with ``gateway: headway-default``, ``faults`` or ``autoscaler`` yet."""
 
     gateway: GatewayConfig = GatewayConfig()
     """What stands between the task calls and the router: ``fifo-unbounded`` (nothing;
@@ -119,14 +137,46 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         if self.step_time == "profile" and self.profile is None:
             raise ValueError("`step_time: profile` needs a `profile`")
         if self.disaggregation is not None:
+            self._check_disaggregation(self.disaggregation)
+
+    def _check_disaggregation(self, disagg: Disaggregation) -> None:
+        if disagg.prefill_replicas >= self.replicas:
             raise ValueError(
-                "`disaggregation` is not simulated yet; remove it (each replica then does "
-                "both prefill and decode)"
+                f"`disaggregation.prefill_replicas` must be < `replicas` ({self.replicas}) "
+                f"(got {disagg.prefill_replicas}); at least one replica must decode: lower it "
+                "or raise `replicas`"
+            )
+        unsupported = [
+            name
+            for name, used in (
+                ("`gateway: {preset: headway-default}`", self.gateway.preset != "fifo-unbounded"),
+                ("`faults`", bool(self.faults)),
+                ("`autoscaler`", self.autoscaler is not None),
+            )
+            if used
+        ]
+        if unsupported:
+            raise ValueError(
+                f"`disaggregation` is not simulated together with {', '.join(unsupported)} "
+                "yet; remove those (gateway: {preset: fifo-unbounded}, no faults, no "
+                "autoscaler) or remove `disaggregation`"
             )
 
 
 def resolve_model_gpu(spec: ClusterSpec) -> tuple[ModelSpec, GpuSpec]:
     return get_model(spec.model), get_gpu(spec.gpu)
+
+
+def kv_transfer_s_per_token(spec: ClusterSpec) -> float:
+    """Seconds to move one token's KV from a prefill to a decode replica: its KV bytes on
+    each GPU (``ModelSpec.kv_bytes_per_token`` at the cluster's tensor parallelism) over
+    the per-GPU, one-direction bandwidth (``disaggregation.kv_transfer_bandwidth_bytes_per_s``,
+    default half the GPU's bidirectional interconnect bandwidth)."""
+    model, gpu = resolve_model_gpu(spec)
+    bandwidth = gpu.interconnect_bandwidth_bytes_per_s / 2
+    if spec.disaggregation is not None and spec.disaggregation.kv_transfer_bandwidth_bytes_per_s:
+        bandwidth = spec.disaggregation.kv_transfer_bandwidth_bytes_per_s
+    return model.kv_bytes_per_token(spec.tensor_parallel) / bandwidth
 
 
 def num_kv_blocks(spec: ClusterSpec) -> int:

@@ -123,6 +123,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     """Tool calls to downstream services that timed out or were refused."""
     tool_retries: int = 0
     """Of those, tool calls the agent sent again under the clients' retry policy."""
+    kv_transfers: int = 0
+    """Prompt KV moved from a prefill to a decode replica (disaggregated clusters)."""
+    kv_transfer_s_mean: float | None = None
+    """Mean time of those transfers (None: none)."""
 
 
 class Accounting(msgspec.Struct, frozen=True, kw_only=True):
@@ -444,6 +448,10 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             calls_lost_with_replicas=out.calls_lost_with_replicas,
             tool_failures=out.tool_failures,
             tool_retries=out.tool_retries,
+            kv_transfers=out.kv_transfers,
+            kv_transfer_s_mean=(
+                out.kv_transfer_s_total / out.kv_transfers if out.kv_transfers else None
+            ),
         ),
         accounting=_accounting(out),
     )
@@ -512,6 +520,7 @@ def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:
         shed_reason=c.shed_reason,
         retry_after_s=c.retry_after_s,
         attempts=c.attempts,
+        kv_transfer_s=c.kv_transfer_s,
         outcome_names=np.array(OUTCOMES),
         shed_reason_names=np.array(SHED_REASONS),
         class_names=np.array(w.class_names),

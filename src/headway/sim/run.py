@@ -10,11 +10,17 @@ from headway.core.trace_data import TraceData
 from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.data import load_efficiency_table
-from headway.sim.cluster import ClusterSpec, build_replica, step_time_model
+from headway.sim.cluster import (
+    ClusterSpec,
+    build_replica,
+    kv_transfer_s_per_token,
+    resolve_model_gpu,
+    step_time_model,
+)
 from headway.sim.gateway import SimGateway
 from headway.sim.presets import resolve_gateway
 from headway.sim.results import SimResult, build_result
-from headway.sim.simulator import SimOptions, SimOutcome, Simulator
+from headway.sim.simulator import Disaggregation, SimOptions, SimOutcome, Simulator
 
 
 def simulate_compiled(
@@ -33,6 +39,13 @@ def simulate_compiled(
         )
     router = Router(kind=cluster.router)
     autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)
+    disaggregation = None
+    if cluster.disaggregation is not None:
+        disaggregation = Disaggregation(
+            prefill_replicas=cluster.disaggregation.prefill_replicas,
+            kv_transfer_s_per_token=kv_transfer_s_per_token(cluster),
+            kv_transfer_latency_s=resolve_model_gpu(cluster)[1].interconnect_latency_s,
+        )
     outcome = Simulator(
         workload,
         replicas,
@@ -42,6 +55,7 @@ def simulate_compiled(
         faults=cluster.faults,
         autoscaler=autoscaler,
         new_replica=lambda: build_replica(cluster, step_time),
+        disaggregation=disaggregation,
     ).run()
     return build_result(workload, outcome, cluster.replicas), outcome
 

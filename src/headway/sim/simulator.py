@@ -76,6 +76,7 @@ _REPLICA_READY = 10  # a: replica; a started replica becomes ready
 _TOOL_CALL = 11  # a: call whose step's tool calls run, b: index of the tool call
 _DUPLICATE = 12  # a: call; its client, still waiting, may submit it again
 _TOOL_FAILED = 13  # a: call, b: tool call code; the agent sees its tool call time out
+_KV_ARRIVED = 14  # a: call row, b: transfer number; its prompt KV reached its decode replica
 
 _ATTEMPT_CODES = 128
 """A queued gateway item is ``call * _ATTEMPT_CODES + attempt`` (``max_attempts`` <= 100),
@@ -122,6 +123,37 @@ class SimOptions:
     """Token size of the workload's prefix blocks, when calls carry prefix hash ids."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disaggregation:
+    """Prefill/decode disaggregation as the simulator runs it (``docs/simulate.md``).
+
+    Replicas ``0..prefill_replicas - 1`` only prefill (each call runs there with
+    ``max_output_tokens=1``: the first token); the others only decode. A call's prompt KV
+    then moves to a decode replica in ``kv_transfer_latency_s + prompt tokens ×
+    kv_transfer_s_per_token`` and decodes its other tokens there.
+    """
+
+    prefill_replicas: int
+    """Replicas that only prefill (the first ones); the rest only decode."""
+
+    kv_transfer_s_per_token: float
+    """Seconds to move one prompt token's KV: its KV bytes per GPU over the per-GPU,
+    one-direction bandwidth (every GPU of the tensor-parallel group sends its shard)."""
+
+    kv_transfer_latency_s: float = 0.0
+    """Fixed latency of one transfer (the interconnect's)."""
+
+    def __post_init__(self) -> None:
+        if self.prefill_replicas < 1:
+            raise ValueError(
+                f"disaggregation.prefill_replicas must be >= 1 (got {self.prefill_replicas})"
+            )
+        for name in ("kv_transfer_s_per_token", "kv_transfer_latency_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"disaggregation.{name} must be finite and >= 0 (got {value})")
+
+
 @dataclass(slots=True, kw_only=True)
 class CallRecords:
     """Per-call records, one row per call of the compiled workload (columns)."""
@@ -145,6 +177,10 @@ class CallRecords:
     """The ``retry_after_s`` of the call's last shed (NaN: none, or never shed)."""
     attempts: IntArray
     """Times the call was offered: its first attempt plus its clients' retries."""
+    kv_transfer_s: FloatArray = field(default_factory=lambda: np.empty(0))
+    """With disaggregation: seconds its prompt KV took (or, cancelled midway, would have
+    taken) to reach its decode replica (NaN: no transfer: not disaggregated, one output
+    token, or ended before its prefill did)."""
 
     @classmethod
     def empty(cls, n: int) -> CallRecords:
@@ -165,6 +201,7 @@ class CallRecords:
             shed_reason=np.full(n, -1, dtype=np.int8),
             retry_after_s=nan.copy(),
             attempts=np.zeros(n, dtype=np.int64),
+            kv_transfer_s=nan.copy(),
         )
 
 
@@ -219,6 +256,11 @@ class SimOutcome:
     """At each timeline sample: calls offered and not yet ended (the gateway boundary)."""
     timeline_kv_blocks: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     """At each timeline sample: KV blocks held by requests, all replicas."""
+    kv_transfers: int = 0
+    """With disaggregation: prompt KV transfers started (prefill to decode replica)."""
+    kv_transfer_s_total: float = 0.0
+    """With disaggregation: their seconds, summed (a transfer cancelled midway counts
+    whole: the link was committed to it)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -307,13 +349,21 @@ class Simulator:
         faults: Sequence[Fault] = (),
         autoscaler: Autoscaler | None = None,
         new_replica: Callable[[], ReplicaModel] | None = None,
+        disaggregation: Disaggregation | None = None,
     ) -> None:
         """``gateway``: the ``headway-default`` gateway in front of the router; None sends
         every call to the router at once (``fifo-unbounded``). ``faults``: injected
         during the run. ``autoscaler`` adds replicas built by ``new_replica`` and drains
-        them again."""
+        them again. ``disaggregation``: separate prefill and decode replicas (without a
+        gateway, faults or autoscaler, for now).
+
+        Raises:
+            ValueError: for no replicas, or disaggregation with an unsupported companion.
+        """
         if not replicas:
             raise ValueError("a simulation needs at least one replica")
+        if disaggregation is not None:
+            _check_disaggregation(disaggregation, len(replicas), gateway, faults, autoscaler)
         self.w = workload
         self.options = options or SimOptions()
         self.router = router
@@ -419,6 +469,23 @@ class Simulator:
         self._num_tool_failures = 0
         self._tool_retries = 0
         self._init_duplicates(workload)
+        self._disagg = disaggregation
+        self._num_prefill = 0 if disaggregation is None else disaggregation.prefill_replicas
+        """Replicas ``0..n-1`` only prefill (0: not disaggregated)."""
+        self._decode_router = Router(kind=router.kind, affinity_slack=router.affinity_slack)
+        """Picks among the decode replicas (its own turn and affinity memory)."""
+        self._kv_transfer_s = [math.nan] * len(self._call_in)
+        self._transferring: dict[int, int] = {}
+        """Rows whose prompt KV is on its way to their decode replica: the transfer's number
+        (a ``_KV_ARRIVED`` event for another number is void)."""
+        self._prefill_void: set[tuple[int, int]] = set()
+        """``(row, prefill replica)`` of attempts withdrawn while the step that ends their
+        prefill ran: no transfer follows (the row may meanwhile retry elsewhere)."""
+        self._on_decode: set[int] = set()
+        """Rows added to their decode replica (its request counts the tokens after the
+        first: the prefill replica emitted that one)."""
+        self._num_transfers = 0
+        self._transfer_s_total = 0.0
 
     # ------------------------------------------------------------------ main loop
 
@@ -492,6 +559,8 @@ class Simulator:
                 self._tool_failed(a, b, now)
             elif kind == _DUPLICATE:
                 self._duplicate(a, now)
+            elif kind == _KV_ARRIVED:
+                self._kv_arrived(a, b, now)
         self._flush_itl()
         self._settle_output_tokens()
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
@@ -533,6 +602,8 @@ class Simulator:
             timeline_tasks=at[:, 0].astype(np.int64),
             timeline_calls=at[:, 1].astype(np.int64),
             timeline_kv_blocks=at[:, 2].astype(np.int64),
+            kv_transfers=self._num_transfers,
+            kv_transfer_s_total=self._transfer_s_total,
         )
 
     def _call_records(self) -> CallRecords:
@@ -546,6 +617,7 @@ class Simulator:
             dispatch_s[j], admitted_s[j] = dispatch_s[d], admitted_s[d]
             first_token_s[j], itl_max_s[j], replica[j] = first_token_s[d], itl_max_s[d], replica[d]
             self._num_output_tokens[j] = self._num_output_tokens[d]
+            self._kv_transfer_s[j] = self._kv_transfer_s[d]
         return CallRecords(
             dispatch_s=np.array(dispatch_s[:n], dtype=np.float64),
             admitted_s=np.array(admitted_s[:n], dtype=np.float64),
@@ -563,6 +635,7 @@ class Simulator:
             shed_reason=np.array(self._shed_reason[:n], dtype=np.int8),
             retry_after_s=np.array(self._retry_after_s[:n], dtype=np.float64),
             attempts=np.array(self._attempts[:n], dtype=np.int64),
+            kv_transfer_s=np.array(self._kv_transfer_s[:n], dtype=np.float64),
         )
 
     # ------------------------------------------------------------------ tasks and calls
@@ -625,7 +698,10 @@ class Simulator:
         self._send(d, choice, now)
 
     def _route(self, j: int, now: float) -> int:
-        """The replica the router picks for call ``j`` at ``now``."""
+        """The replica the router picks for call ``j`` at ``now`` (disaggregated: among
+        the prefill replicas)."""
+        if self._num_prefill:
+            return self._route_pool(j, now, 0, self._num_prefill, self.router)
         prompt, output = self._call_in[j], self._call_out[j]
         if self._least_outstanding and self._all_eligible and not self._paranoid:
             choice = self.router.route_all_eligible(self._outstanding)
@@ -650,22 +726,47 @@ class Simulator:
             choice = picked
         return choice
 
+    def _route_pool(self, r: int, now: float, lo: int, hi: int, router: Router) -> int:
+        """Disaggregated: the replica in ``lo..hi - 1`` that ``router`` picks for row ``r``
+        (every replica is eligible: no faults nor autoscaler with disaggregation)."""
+        if self._least_outstanding and not self._paranoid:
+            return lo + router.route_all_eligible(self._outstanding[lo:hi])
+        prompt, output = self._call_in[r], self._call_out[r]
+        request = RouteRequest(
+            prompt_tokens=prompt,
+            expected_output_tokens=output,
+            projected_kv_blocks=-(-(prompt + output) // self._block_size),
+        )
+        pool = self.drivers[lo:hi]
+        if self._needs_kv:
+            for d in pool:
+                self._materialize(d, now)
+        picked = router.route(now, request, pool)
+        if picked is None:
+            return -1
+        if self._least_outstanding and picked != router.route_all_eligible(
+            self._outstanding[lo:hi]
+        ):
+            raise RuntimeError(f"row {r}: the router picked {lo + picked}, the shortcut not")
+        return lo + picked
+
     def _send(self, j: int, choice: int, now: float) -> None:
-        """Add call ``j`` to replica ``choice`` at ``now``."""
+        """Add call ``j`` to replica ``choice`` at ``now`` (disaggregated: to a prefill
+        replica, for its first token only)."""
         prompt, output = self._call_in[j], self._call_out[j]
         driver = self.drivers[choice]
         self._materialize(driver, now)
         req = EngineRequest(
             j,
             num_prompt_tokens=prompt,
-            max_output_tokens=output,
+            max_output_tokens=1 if self._num_prefill else output,
             priority=self._call_prio[j],
             block_hashes=self._block_hashes(j),
         )
         driver.model.add_request(req, now)
         driver.outstanding_requests += 1
         self._outstanding[choice] += 1
-        driver.outstanding_tokens += prompt + output
+        driver.outstanding_tokens += prompt + (1 if self._num_prefill else output)
         if self.gateway is not None:
             driver.reserved_kv_blocks += self._projected_kv_blocks(j)
         self._dispatch_s[j] = now
@@ -694,6 +795,13 @@ class Simulator:
     def _call_finished(self, r: int, now: float, driver: _Driver) -> None:
         """Engine request ``r`` finished: a call, or a client's duplicate of one. The first
         copy to finish answers the call; a copy finishing after it was wasted work."""
+        if self._num_prefill:
+            if driver.index < self._num_prefill:
+                if self._call_out[r] > 1:
+                    self._prefill_finished(r, now, driver)
+                    return  # its output is 1: the call ends here, counted as below
+            else:
+                self._on_decode.discard(r)
         self._finish_s[r] = now
         self._num_output_tokens[r] = self._call_out[r]  # a finished call emitted all
         driver.outstanding_requests -= 1
@@ -818,6 +926,8 @@ class Simulator:
                 self._queued.discard(j)
                 self._gateway_ended(j)
             return True
+        if self._num_prefill and self._withdraw_disaggregated(j, now):
+            return True
         driver = self.drivers[replica]
         self._materialize(driver, now)
         req = driver.model.scheduler.get_request(j)
@@ -826,9 +936,93 @@ class Simulator:
         self._num_output_tokens[j] = req.num_output_tokens
         driver.outstanding_requests -= 1
         self._outstanding[replica] -= 1
-        driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+        tokens = self._call_in[j] + self._call_out[j]
+        if replica < self._num_prefill:
+            tokens = self._call_in[j] + 1
+        elif j in self._on_decode:
+            self._on_decode.discard(j)
+            self._num_output_tokens[j] += 1  # the first token came from the prefill replica
+        driver.outstanding_tokens -= tokens
         if self.gateway is not None:
             self._left_replicas(j)
+        return True
+
+    # ------------------------------------------------------------------ disaggregation
+
+    def _prefill_finished(self, r: int, now: float, driver: _Driver) -> None:
+        """Row ``r`` emitted its first token on prefill replica ``driver``: pick its decode
+        replica (the decode pool's router) and start moving its prompt KV there."""
+        driver.outstanding_requests -= 1
+        self._outstanding[driver.index] -= 1
+        driver.outstanding_tokens -= self._call_in[r] + 1
+        if (r, driver.index) in self._prefill_void:  # withdrawn during its last prefill step
+            self._prefill_void.discard((r, driver.index))
+            return
+        disagg = self._disagg
+        assert disagg is not None
+        choice = self._route_pool(r, now, self._num_prefill, len(self.drivers), self._decode_router)
+        assert choice >= 0  # every decode replica is always eligible
+        target = self.drivers[choice]
+        target.outstanding_requests += 1
+        self._outstanding[choice] += 1
+        target.outstanding_tokens += self._call_in[r] + self._call_out[r]
+        self._replica[r] = choice
+        prompt = self._call_in[r]
+        transfer_s = disagg.kv_transfer_latency_s + prompt * disagg.kv_transfer_s_per_token
+        self._kv_transfer_s[r] = transfer_s
+        self._num_transfers += 1
+        self._transfer_s_total += transfer_s
+        self._transferring[r] = self._num_transfers
+        self.events.push(now + transfer_s, DISPATCH, _KV_ARRIVED, r, self._num_transfers)
+
+    def _kv_arrived(self, r: int, transfer: int, now: float) -> None:
+        """Row ``r``'s prompt KV reached its decode replica: it joins that replica's queue
+        with the prompt and the first token known, the prompt's KV computed (external),
+        and its other ``output - 1`` tokens to generate."""
+        if self._transferring.get(r) != transfer:
+            return  # withdrawn during the transfer
+        del self._transferring[r]
+        choice = self._replica[r]
+        driver = self.drivers[choice]
+        self._materialize(driver, now)
+        prompt = self._call_in[r]
+        req = EngineRequest(
+            r,
+            num_prompt_tokens=prompt + 1,
+            max_output_tokens=self._call_out[r] - 1,
+            priority=self._call_prio[r],
+            num_external_computed_tokens=prompt,
+        )
+        driver.model.add_request(req, now)
+        self._on_decode.add(r)
+        if driver.state == _IDLE:
+            driver.state = _STEP
+            driver.step_result = None
+            driver.version += 1
+            self.events.push(now, BOUNDARY, _BOUNDARY, choice, driver.version)
+
+    def _withdraw_disaggregated(self, j: int, now: float) -> bool:
+        """:meth:`_withdraw` for a row between the pools: its KV in transfer (cancelled;
+        the decode replica's count given back), or its prefill done in the step in flight
+        (the transfer that step's end would start is void). False for the others."""
+        if j in self._transferring:
+            del self._transferring[j]
+            driver = self.drivers[self._replica[j]]
+            driver.outstanding_requests -= 1
+            self._outstanding[driver.index] -= 1
+            driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
+            self._num_output_tokens[j] = 1
+            return True
+        replica = self._replica[j]
+        if replica >= self._num_prefill or self._call_out[j] <= 1:
+            return False
+        driver = self.drivers[replica]
+        self._materialize(driver, now)
+        if driver.model.scheduler.get_request(j) is not None:
+            return False  # still prefilling: aborted there as usual
+        # Its last prefill step is in flight: the step ends, the call does not go on.
+        self._prefill_void.add((j, replica))
+        self._num_output_tokens[j] = 1
         return True
 
     def _patience_over(self, j: int, now: float) -> None:
@@ -1488,7 +1682,8 @@ class Simulator:
         for d in self.drivers:
             sched = d.model.scheduler
             for req in (*sched.running, *sched.waiting()):
-                self._num_output_tokens[cast("int", req.request_id)] = req.num_output_tokens
+                r = cast("int", req.request_id)
+                self._num_output_tokens[r] = req.num_output_tokens + (r in self._on_decode)
 
     def _flush_itl(self) -> None:
         if self._itl_values:
@@ -1513,6 +1708,35 @@ class Simulator:
             blocks += d.model.scheduler.pool.num_used
         self._timeline.append((now, running, waiting, used / max(alive, 1)))
         self._boundary_samples.append((self._live_tasks, self._live_calls, blocks))
+
+
+def _check_disaggregation(
+    disagg: Disaggregation,
+    num_replicas: int,
+    gateway: SimGateway | None,
+    faults: Sequence[Fault],
+    autoscaler: Autoscaler | None,
+) -> None:
+    """Raise ``ValueError`` for a disaggregated run the simulator does not support."""
+    if not disagg.prefill_replicas < num_replicas:
+        raise ValueError(
+            f"disaggregation.prefill_replicas must be < replicas ({num_replicas}) "
+            f"(got {disagg.prefill_replicas}); at least one replica must decode"
+        )
+    unsupported = [
+        name
+        for name, used in (
+            ("gateway", gateway is not None),
+            ("faults", bool(faults)),
+            ("autoscaler", autoscaler is not None),
+        )
+        if used
+    ]
+    if unsupported:
+        raise ValueError(
+            f"disaggregation is not simulated together with {', '.join(unsupported)} yet; "
+            "remove those or the disaggregation"
+        )
 
 
 def prefix_hashes(ids: list[int]) -> list[int]:

@@ -82,6 +82,7 @@ class EngineRequest:
         "max_output_tokens",
         "num_cached_prompt_tokens",
         "num_computed_tokens",
+        "num_external_computed_tokens",
         "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -98,6 +99,7 @@ class EngineRequest:
         max_output_tokens: int,
         priority: int = 0,
         block_hashes: Sequence[int] = (),
+        num_external_computed_tokens: int = 0,
     ) -> None:
         """Describe a request.
 
@@ -108,9 +110,17 @@ class EngineRequest:
                 simulator passes the true output length: end-of-sequence is folded in).
             priority: lower is more important (vLLM); used by the ``priority`` policy.
             block_hashes: chained hashes of the first full prompt blocks, optional.
+            num_external_computed_tokens: leading prompt tokens whose KV arrives from
+                elsewhere (vLLM's KV connector, e.g. a prefill instance of a
+                disaggregated cluster): at its first admission the scheduler allocates
+                their blocks and counts them computed without computing them. In
+                ``0..num_prompt_tokens - 1`` (the last prompt token is always computed,
+                for its logits). A preempted request recomputes them (see
+                ``docs/engine-model.md``).
 
         Raises:
-            ValueError: if a length is not positive.
+            ValueError: if a length is not positive, or the external tokens are out of
+                range.
         """
         if num_prompt_tokens < 1:
             raise ValueError(
@@ -122,10 +132,17 @@ class EngineRequest:
                 f"request {request_id!r}: max_output_tokens must be >= 1 "
                 f"(got {max_output_tokens}); a request generates at least one token"
             )
+        if not 0 <= num_external_computed_tokens < num_prompt_tokens:
+            raise ValueError(
+                f"request {request_id!r}: num_external_computed_tokens must be in "
+                f"0..{num_prompt_tokens - 1} (got {num_external_computed_tokens}); at least "
+                "the last prompt token is computed locally, for its logits"
+            )
         self.request_id: Final = request_id
         self.num_prompt_tokens: Final = num_prompt_tokens
         self.max_output_tokens: Final = max_output_tokens
         self.priority: Final = priority
+        self.num_external_computed_tokens: Final = num_external_computed_tokens
         self.block_hashes: list[int] = list(block_hashes)
         self.arrival_s = float("nan")
         """Time the replica received the request (set by ``add_request``)."""

@@ -523,27 +523,41 @@ class Scheduler:
             if req is None:
                 break
             hits = self._prefix_hits(req)
-            num_new = self._first_chunk(req, len(hits) * bs, step.budget)
+            num_computed = self._admission_computed(req, hits)
+            num_new = self._first_chunk(req, num_computed, step.budget)
             if num_new == 0:  # chunked prefill off and the rest does not fit the budget
                 skipped.append(waiting.pop())
                 continue
             watermark = self._watermark_blocks if self._running else 0
-            if not self._allocate_slots(req, num_new, hits, watermark, from_waiting=True):
+            if not self._allocate_slots(
+                req, num_new, hits, watermark, from_waiting=True, num_computed=num_computed
+            ):
                 break
             waiting.pop()
             self._running.append(req)
             self._running_ids.append(req.request_id)
             req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = len(hits) * bs
+            req.num_computed_tokens = num_computed
             if req.num_cached_prompt_tokens < 0:
-                req.num_cached_prompt_tokens = req.num_computed_tokens
+                req.num_cached_prompt_tokens = len(hits) * bs
             self.num_prefix_queried_tokens += req.num_tokens
-            self.num_prefix_hit_tokens += req.num_computed_tokens
+            self.num_prefix_hit_tokens += len(hits) * bs
             step.scheduled[req] = num_new
             step.admitted.append(req)
             step.budget -= num_new
         for req in reversed(skipped):  # back at the head, in their original order
             waiting.push_front(req)
+
+    def _admission_computed(self, req: EngineRequest, hits: list[int]) -> int:
+        """Tokens a waiting request counts as computed once admitted: its prefix-cache
+        hits, or, at its first admission only, its external tokens when they are more
+        (vLLM: local hits, then what the KV connector supplies beyond them). A preempted
+        request recomputes its external tokens: their KV was freed with its blocks."""
+        num_computed = len(hits) * self._block_size
+        external = req.num_external_computed_tokens
+        if external > num_computed and req.num_cached_prompt_tokens < 0:
+            return external
+        return num_computed
 
     def _first_chunk(self, req: EngineRequest, num_computed: int, budget: int) -> int:
         """Tokens a waiting request would compute if admitted now; 0 if it must be skipped."""
@@ -673,10 +687,20 @@ class Scheduler:
         return max(num_new, 0) + evictable
 
     def _admission_blocks(
-        self, req: EngineRequest, num_new: int, hits: list[int], watermark: int, *, full: bool
+        self,
+        req: EngineRequest,
+        num_new: int,
+        hits: list[int],
+        watermark: int,
+        *,
+        full: bool,
+        num_computed: int = -1,
     ) -> int:
-        """Free blocks required before ``req`` may get slots for ``num_new`` more tokens."""
-        num_slots = req.num_computed_tokens + len(hits) * self.config.block_size + num_new
+        """Free blocks required before ``req`` may get slots for ``num_new`` more tokens
+        (``num_computed``: tokens it counts as computed at admission, default its hits)."""
+        if num_computed < 0:
+            num_computed = len(hits) * self.config.block_size
+        num_slots = req.num_computed_tokens + num_computed + num_new
         required = self._blocks_to_allocate(req, num_slots, hits) + watermark
         if full and self.config.reserve_full_isl:
             full_required = self._blocks_to_allocate(req, req.num_tokens, hits) + watermark
@@ -691,11 +715,14 @@ class Scheduler:
         watermark: int = 0,
         *,
         from_waiting: bool = False,
+        num_computed: int = -1,
     ) -> bool:
         """Give ``req`` slots for ``num_new`` more tokens (vLLM ``allocate_slots``).
 
         Returns False and changes nothing if the blocks do not fit; otherwise takes the
-        prefix hits, allocates new blocks and caches every block that is now full::
+        prefix hits, allocates new blocks (for external tokens too: ``num_computed``, the
+        tokens counted computed at admission, default the hits' tokens) and caches every
+        block that is now full::
 
             | < computed > | < hits > | < num_new > |
                            |<-- slots to allocate -->|
@@ -705,15 +732,19 @@ class Scheduler:
             return self._allocate_running(req, num_new)
         hits = hits or []
         pool = self.pool
-        required = self._admission_blocks(req, num_new, hits, watermark, full=from_waiting)
+        bs = self.config.block_size
+        if num_computed < 0:
+            num_computed = len(hits) * bs
+        required = self._admission_blocks(
+            req, num_new, hits, watermark, full=from_waiting, num_computed=num_computed
+        )
         if required > pool.num_free:
             return False
-        bs = self.config.block_size
         if hits:
             pool.touch(hits)
             req.block_ids.extend(hits)
             req._num_cached_blocks = len(hits)
-        num_slots = req.num_computed_tokens + len(hits) * bs + num_new
+        num_slots = req.num_computed_tokens + num_computed + num_new
         num_missing = _cdiv(num_slots, bs) - len(req.block_ids)
         if num_missing > 0:
             req.block_ids += pool.take(num_missing)
@@ -892,7 +923,8 @@ class Scheduler:
             if req is None:
                 return steps
             hits = self._prefix_hits(req)
-            num_new = self._first_chunk(req, len(hits) * cfg.block_size, budget_left)
+            num_computed = self._admission_computed(req, hits)
+            num_new = self._first_chunk(req, num_computed, budget_left)
             if num_new == 0:
                 continue
             evictable = {b for b in hits if self.pool.ref_count(b) == 0}
@@ -902,7 +934,9 @@ class Scheduler:
                 steps = self._max_steps_within(steps, position)
                 if steps == 0:
                     return 0
-            required = self._admission_blocks(req, num_new, hits, self._watermark_blocks, full=True)
+            required = self._admission_blocks(
+                req, num_new, hits, self._watermark_blocks, full=True, num_computed=num_computed
+            )
             # Admitted after the first step's allocations? They are between 0 and one
             # block per running request: count them only when those bounds do not decide.
             free = self.pool.num_free

@@ -250,6 +250,17 @@ def parse_request(kind: Kind, raw: bytes, served_models: Sequence[str]) -> Gener
             "Content-Type: application/json",
             code="invalid_json",
         ) from None
+    except RecursionError:
+        raise ApiError(
+            400,
+            "the request body is nested too deeply to read; send a JSON object of "
+            "the documented shape",
+            code="invalid_json",
+        ) from None
+    except ValueError as error:  # an integer literal of thousands of digits
+        raise ApiError(
+            400, f"the request body holds a number too large to read ({error})", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise ApiError(
             400,

@@ -1,7 +1,8 @@
 """The emulator's HTTP server (aiohttp): OpenAI routes, health, metrics and fault knobs.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming SSE or not),
-``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``, and
+``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics``,
+``GET /openapi.json`` (the generation routes' OpenAPI document), and
 ``GET|POST|DELETE /admin/faults``. A client that disconnects cancels its handler, which
 aborts the request in the engine (its KV blocks are freed), as vLLM does.
 
@@ -17,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -29,6 +30,7 @@ from headway.core.errors import ConfigError
 from headway.emulate.faults import FaultState, FaultUpdate
 from headway.emulate.metrics import MetricsRegistry
 from headway.emulate.openai_api import ApiError, GenerationRequest, error_body, parse_request
+from headway.emulate.openapi import openapi_document
 from headway.emulate.tokens import OutputTokens, token_text
 from headway.emulate.wallclock import Generation, WallClockEngine
 
@@ -43,6 +45,51 @@ def _compact(value: object) -> str:
 
 CRASH_EXIT_CODE = 70
 """Exit status of the ``crash`` fault (EX_SOFTWARE)."""
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The largest request body read (413 beyond it; refused from ``Content-Length`` unread)."""
+
+_ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
+
+
+def _too_large() -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than the {MAX_BODY_BYTES} bytes this server reads; "
+        "send a shorter prompt",
+        code="request_too_large",
+    )
+
+
+@web.middleware
+async def _openai_shaped_http_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Answer aiohttp's own 4xx (no route, wrong method, body too large) in OpenAI's shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        headers = {}
+        if isinstance(error, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(error.allowed_methods))
+            message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+            headers["Allow"] = allowed
+        elif isinstance(error, web.HTTPNotFound):
+            message = f"no route {request.method} {request.path}; this server serves {_ROUTES}"
+        elif isinstance(error, web.HTTPRequestEntityTooLarge):
+            return _too_large_response()
+        else:
+            message = f"{error.reason}: {error.text or ''}".strip()
+        body = error_body(message, error.status, code=error.reason.lower().replace(" ", "_"))
+        return web.json_response(body, status=error.status, headers=headers)
+
+
+def _too_large_response() -> web.Response:
+    response = web.json_response(_too_large().body(), status=413)
+    response.force_close()  # the rest of the body is not read
+    return response
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,13 +134,16 @@ class EmulatorServer:
         self._client_errors = self.metrics.counter(
             "headway_emulator_client_errors_total", "Requests refused as client mistakes (4xx)."
         )
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app = web.Application(
+            client_max_size=MAX_BODY_BYTES, middlewares=[_openai_shaped_http_errors]
+        )
         self.app.router.add_post("/v1/completions", self._completions)
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/version", self._version)
         self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/openapi.json", self._openapi)
         self.app.router.add_get("/admin/faults", self._get_faults)
         self.app.router.add_post("/admin/faults", self._post_faults)
         self.app.router.add_delete("/admin/faults", self._delete_faults)
@@ -243,6 +293,9 @@ class EmulatorServer:
         ]  # fmt: skip
         return web.json_response({"object": "list", "data": data})
 
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(self.settings.served_model_names, __version__))
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
@@ -278,7 +331,15 @@ class EmulatorServer:
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         arrived_at = time.monotonic()
         self._requests.inc()
-        raw = await request.read()
+        length = request.content_length
+        if length is not None and length > MAX_BODY_BYTES:
+            self._client_errors.inc()
+            return _too_large_response()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # chunked, or longer than announced
+            self._client_errors.inc()
+            return _too_large_response()
         try:
             parsed = parse_request(
                 "chat" if kind == "chat" else "completion", raw, self.settings.served_model_names

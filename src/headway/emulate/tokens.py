@@ -55,7 +55,10 @@ _WORDS: Final = tuple(
 
 def estimate_text_tokens(text: str) -> int:
     """Estimated tokens of ``text``: ``ceil(utf-8 bytes / 4)``, at least 1."""
-    return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
+    # surrogatepass: a JSON string may hold a lone surrogate (``"\\ud800"``), which is not
+    # UTF-8 encodable; it counts as its 3 bytes rather than failing the request.
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return max(1, math.ceil(size / BYTES_PER_TOKEN))
 
 
 def token_text(token_id: int) -> str:

@@ -48,7 +48,8 @@ def _all_field_names() -> set[str]:
     return names
 
 
-_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
+# Greedy: the unknown key may itself hold a backtick.
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>.+)`", re.S)
 _MISSING = re.compile(r"Object missing required field `(?P<key>[^`]+)`")
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]+)`)?$", re.S)
 
@@ -124,8 +125,30 @@ def explain_validation_error(
         hint = f"Use one of: {', '.join(options)}."
     elif message.startswith("Expected"):
         hint = "Fix the value's type (numbers without quotes; see docs/workload.md)."
-    text = f"{source}: {path}: {message}" + (f". {hint}" if hint else "")
+        value = _value_at(path, data)
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            hint = (
+                f"YAML 1.1 reads {value!r} as text: write the exponent with a dot and a sign, "
+                "e.g. 1.0e+12."
+            )
+    text = _one_line(f"{source}: {path}: {message}" + (f". {hint}" if hint else ""))
     return WorkloadError(text, path=path)
+
+
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _value_at(path: str, data: Any) -> Any:
+    """The value at a ``$.a.b[0]`` path in ``data``, or ``None``."""
+    node = data
+    for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[1:]):
+        if key and isinstance(node, dict):
+            node = node.get(key)
+        elif index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        else:
+            return None
+    return node
 
 
 def _tag_options(kind: str) -> list[str]:
@@ -154,7 +177,14 @@ def parse_workload(data: Any, source: str = "<workload>") -> WorkloadSpec:
     try:
         return validate_workload(spec)
     except WorkloadError as error:
-        raise WorkloadError(f"{source}: {error}", path=error.path) from None
+        raise WorkloadError(_one_line(f"{source}: {error}"), path=error.path) from None
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters (from a key such as ``"a\\nb"``) escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 _NAMED_SECTIONS: dict[str, type[msgspec.Struct]] = {
@@ -180,7 +210,7 @@ def _check_named_sections(data: dict[str, Any], source: str) -> None:
                 msgspec.convert(value, kind)
             except msgspec.ValidationError as error:
                 prefix = f"$.{section}.{key}"
-                text = str(error).replace("`$", f"`{prefix}", 1)
+                text = str(error).replace(" - at `$", f" - at `{prefix}", 1)
                 if " - at `" not in text:
                     text = f"{text} - at `{prefix}`"
                 raise explain_validation_error(
@@ -227,17 +257,109 @@ def read_yaml(path: Path) -> Any:
     except FileNotFoundError:
         raise WorkloadError(f"{path}: no such file; check the path") from None
     except UnicodeDecodeError as error:
+        line = error.object[: error.start].count(b"\n") + 1
         raise WorkloadError(
-            f"{path}: not UTF-8 text (byte {error.start}); save the file as UTF-8"
+            f"{path}: not UTF-8 text (line {line}, byte {error.start}); save the file as UTF-8"
+        ) from None
+    except OSError as error:  # a directory, no permission
+        raise WorkloadError(f"{path}: cannot be read ({error.strerror or error})") from None
+    try:
+        loader = _SafeLoader(text)
+    except yaml.reader.ReaderError as error:  # a control character
+        line = text[: error.position].count("\n") + 1
+        raise WorkloadError(
+            f"{path}: line {line}: character {chr(error.character)!r} is not allowed in YAML; "
+            "remove it"
         ) from None
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_node_graph(node, path)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise WorkloadError(
+            f"{path}: the YAML is nested too deeply to read (over {MAX_YAML_DEPTH} levels)"
+        ) from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
         raise WorkloadError(f"{path}: YAML syntax error at {where}: {error.problem}") from None
     except yaml.YAMLError as error:
-        raise WorkloadError(f"{path}: YAML error: {error}") from None
+        one_line = " ".join(str(error).split())
+        raise WorkloadError(f"{path}: YAML error: {one_line}") from None
+    finally:
+        loader.dispose()
+
+
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings and sequences read from a YAML file."""
+MAX_YAML_EXPANDED_NODES = 1_000_000
+"""Most nodes a YAML file may expand to through aliases (a "billion laughs" is refused)."""
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose unreadable scalars (``!!int ''``, ``2023-13-45``, an
+    integer of 5000 digits) fail as YAML errors that name the line, not as ``ValueError``."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError) as error:
+            shown = repr(node.value)[:40] if isinstance(node, yaml.ScalarNode) else "the value"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown} ({node.tag}) cannot be read ({error})", node.start_mark
+            ) from None
+
+
+def _check_node_graph(root: yaml.Node, path: Path) -> None:
+    """Refuse alias cycles, alias bombs and deep nesting before anything is constructed.
+
+    Walks the composed node graph once per distinct node (iteratively), computing each
+    node's depth and expanded size as if every alias were copied.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if children_done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if depth[key] > MAX_YAML_DEPTH:
+                raise WorkloadError(
+                    f"{path}: the YAML at line {node.start_mark.line + 1} is nested more than "
+                    f"{MAX_YAML_DEPTH} levels deep; a workload needs a few"
+                )
+            if size[key] > MAX_YAML_EXPANDED_NODES:
+                raise WorkloadError(
+                    f"{path}: the YAML at line {node.start_mark.line + 1} expands through "
+                    f"aliases to over {MAX_YAML_EXPANDED_NODES} values (an alias bomb?); "
+                    "write the values out or use fewer aliases"
+                )
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise WorkloadError(
+                f"{path}: the YAML at line {node.start_mark.line + 1} refers to itself through "
+                "an alias; a workload cannot be recursive"
+            )
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def load_workload(path: str | Path) -> LoadedWorkload:

@@ -52,6 +52,8 @@ MOONCAKE_BLOCK_TOKENS = 512
 GENERIC_LABEL_COLUMNS = ("tenant", "priority", "session_id", "prefix_id")
 _GENERIC_TIME_COLUMNS = ("timestamp_s", "timestamp")
 _MAX_TOKENS = 2**53
+_MAX_SECONDS = 1e11
+"""Largest magnitude of a timestamp in seconds (~3,000 years): keeps bin counts finite."""
 _NS_PER_S = 1_000_000_000
 _NS_PER_DAY = 86_400 * _NS_PER_S
 _AZURE_TIME = re.compile(
@@ -220,7 +222,10 @@ def _detect_format(source: _Source) -> str:
             "timestamp, input_length, output_length, hash_ids or generic keys timestamp_s, "
             "input_tokens, output_tokens (or pass --format)",
         )
-    header = _strip_all(next(csv.reader([first])))
+    try:
+        header = _strip_all(next(csv.reader([first])))
+    except csv.Error as exc:
+        raise source.error_at(line, f"is not valid CSV ({exc})") from None
     if tuple(header) == AZURE_HEADER:
         return "azure"
     if "input_tokens" in header:
@@ -393,15 +398,26 @@ def _json_object(source: _Source, line: int, text: str) -> dict[str, Any]:
         raise source.error_at(
             line, f"is not valid JSON ({exc}); each line must be one JSON object"
         ) from None
+    except RecursionError:
+        raise source.error_at(
+            line, "is JSON nested too deeply to read; each line must be one flat JSON object"
+        ) from None
     if not isinstance(row, dict):
         raise source.error_at(line, f"is {_show(row)}, not a JSON object {{...}}")
     return row
 
 
-def _json_number(source: _Source, line: int, row: dict[str, Any], key: str) -> float:
+def _json_number(
+    source: _Source, line: int, row: dict[str, Any], key: str, limit: float = _MAX_SECONDS
+) -> float:
     value = row[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise source.error(line, f"key `{key}`", value, "expected a number")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or abs(value) > limit
+    ):
+        raise source.error(line, f"key `{key}`", value, f"expected a number within ±{limit:g}")
     return float(value)
 
 
@@ -441,6 +457,7 @@ class _MooncakeRow(msgspec.Struct):
 
 
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+_MAX_MS = _MAX_SECONDS * 1000
 _MOONCAKE_DECODER = msgspec.json.Decoder(_MooncakeRow)
 
 
@@ -448,9 +465,9 @@ def _mooncake_row(source: _Source, line: int, text: str) -> _MooncakeRow:
     problem = "timestamp is not finite"
     try:
         row: _MooncakeRow | None = _MOONCAKE_DECODER.decode(text)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         row, problem = None, str(exc)
-    if row is not None and math.isfinite(row.timestamp):
+    if row is not None and math.isfinite(row.timestamp) and abs(row.timestamp) <= _MAX_MS:
         if row.input_length < 0 or row.input_length >= _MAX_TOKENS:
             raise source.error(line, "key `input_length`", row.input_length, _COUNT_EXPECTED)
         if row.output_length < 0 or row.output_length >= _MAX_TOKENS:
@@ -459,7 +476,7 @@ def _mooncake_row(source: _Source, line: int, text: str) -> _MooncakeRow:
     # Slow path: find the field that is wrong and say so.
     obj = _json_object(source, line, text)
     _require_keys(source, line, obj, _MOONCAKE_KEYS, "Mooncake")
-    _json_number(source, line, obj, "timestamp")
+    _json_number(source, line, obj, "timestamp", limit=_MAX_MS)
     _json_count(source, line, obj, "input_length")
     _json_count(source, line, obj, "output_length")
     ids = obj.get("hash_ids")
@@ -572,8 +589,13 @@ def _csv_seconds(source: _Source, line: int, column: str, text: str) -> float:
         value = float(text.strip())
     except ValueError:
         value = math.nan
-    if not math.isfinite(value):
-        raise source.error(line, f"column `{column}`", text, "expected a number of seconds")
+    if not math.isfinite(value) or abs(value) > _MAX_SECONDS:
+        raise source.error(
+            line,
+            f"column `{column}`",
+            text,
+            f"expected a number of seconds within ±{_MAX_SECONDS:g}",
+        )
     return value
 
 

@@ -1,0 +1,541 @@
+"""Property-based fuzzing of `headway emulate`'s HTTP API against a real server process.
+
+Hypothesis generates bodies and headers for ``/v1/completions`` and ``/v1/chat/completions``
+(streaming and not): malformed JSON, wrong types for every field, huge/negative/float/bool
+counts, unknown fields, garbage ``messages``, invalid UTF-8, lone surrogates, deep nesting,
+numbers of thousands of digits, odd content types. The guarantees checked on every answer:
+
+* never a 5xx for client input, and the server keeps serving;
+* every 4xx is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, and a
+  field's mistake names the field (in ``param`` and in the message);
+* a valid request is served: exactly ``max_tokens`` tokens, streamed or not.
+
+Plus bodies over the size limit (413 without reading them, RSS bounded) and a slowloris
+client that must not block others. ``HEADWAY_FUZZ_EXAMPLES`` multiplies the example counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from headway.emulate.process import EmulatorProcess
+from headway.emulate.server import MAX_BODY_BYTES
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "llama-3-8b"
+SCALE = max(1, int(os.environ.get("HEADWAY_FUZZ_EXAMPLES", "1")))
+ROUTES = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+FUZZ = settings(
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def examples(n: int) -> settings:
+    return settings(FUZZ, max_examples=n * SCALE)
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection; reconnects only when the server closed it."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.conn: http.client.HTTPConnection | None = None
+        self.count = 0
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                self.conn.request(method, path, body=body, headers=headers or {})
+                response = self.conn.getresponse()
+                data = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt:
+                    raise
+                continue  # a keep-alive connection the server had closed
+            if response.will_close:
+                self.close()
+            self.count += 1
+            return response.status, response.headers, data
+        raise AssertionError("unreachable")
+
+    def post(
+        self, kind: str, body: object, headers: dict[str, str] | None = None
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.request(
+            "POST", ROUTES[kind], raw, {"Content-Type": "application/json", **(headers or {})}
+        )
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[EmulatorProcess]:
+    # A small KV pool keeps max_model_len (and so the longest valid request) short.
+    with EmulatorProcess(["--speedup", "1000", "--num-kv-blocks", "512"]) as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def client(emulator: EmulatorProcess) -> Iterator[Client]:
+    c = Client(emulator.url)
+    yield c
+    c.close()
+    # The server survived everything the module sent it.
+    assert emulator.proc is not None and emulator.proc.poll() is None
+    assert _healthy(emulator.url)
+
+
+def _healthy(url: str) -> bool:
+    probe = Client(url)
+    try:
+        return probe.request("GET", "/health")[0] == 200
+    finally:
+        probe.close()
+
+
+@pytest.fixture(scope="module")
+def max_model_len(client: Client) -> int:
+    _, _, data = client.request("GET", "/v1/models")
+    value = json.loads(data)["data"][0]["max_model_len"]
+    assert isinstance(value, int)
+    return value
+
+
+def check(status: int, data: bytes, *, stream: bool = False) -> dict[str, Any] | None:
+    """The guarantees every answer keeps; the error object of a 4xx, else ``None``."""
+    assert status < 500, (status, data[:500])
+    if status >= 400:
+        body = json.loads(data)
+        assert set(body) == {"error"}, body
+        error = body["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and len(error["message"]) > 10, error
+        assert error["type"] == "invalid_request_error", error
+        assert error["param"] is None or isinstance(error["param"], str), error
+        return error  # type: ignore[no-any-return]
+    assert status == 200, (status, data[:500])
+    if stream:
+        assert data.endswith(b"data: [DONE]\n\n"), data[-200:]
+    else:
+        json.loads(data)
+    return None
+
+
+# --- strategies ------------------------------------------------------------------------------
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+FIELDS = [
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "temperature",
+    "stream", "stream_options", "seed", "echo", "top_p", "stop", "logit_bias", "user",
+]  # fmt: skip
+good_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=40)}
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def valid_body(kind: str) -> st.SearchStrategy[dict[str, Any]]:
+    prompt = (
+        {"prompt": st.text(max_size=60) | st.lists(st.integers(0, 2**40), min_size=1, max_size=20)}
+        if kind == "completion"
+        else {"messages": good_messages}
+    )
+    return st.fixed_dictionaries(
+        {"model": st.just(MODEL), **prompt, "max_tokens": st.integers(1, 12)},
+        optional={
+            "temperature": st.sampled_from([0, 0.0, 0.5, 1, 2]),
+            "seed": st.integers(-(2**70), 2**70),
+            "n": st.just(1),
+            "stream": st.booleans(),
+            "top_p": json_values,  # not modelled: accepted and ignored
+            "unknown_field": json_values,
+        },
+    )
+
+
+kinds = st.sampled_from(["completion", "chat"])
+
+
+# --- valid requests --------------------------------------------------------------------------
+
+
+@examples(150)
+@given(kind=kinds, data=st.data())
+def test_valid_requests_are_served_exactly(client: Client, kind: str, data: st.DataObject) -> None:
+    body = data.draw(valid_body(kind))
+    if body.get("stream"):
+        body["stream_options"] = {"include_usage": True}
+    status, _, raw = client.post(kind, body)
+    check(status, raw, stream=bool(body.get("stream")))
+    if body.get("stream"):
+        events = [json.loads(line[6:]) for line in raw.decode().split("\n\n") if line[6:7] == "{"]
+        assert events[-1]["usage"]["completion_tokens"] == body["max_tokens"]
+    else:
+        reply = json.loads(raw)
+        assert reply["usage"]["completion_tokens"] == body["max_tokens"]
+        assert reply["choices"][0]["finish_reason"] == "length"
+
+
+# --- arbitrary and mutated bodies ------------------------------------------------------------
+
+
+@examples(300)
+@given(
+    kind=kinds,
+    body=st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values, max_size=8),
+)
+def test_arbitrary_objects_never_5xx(client: Client, kind: str, body: dict[str, Any]) -> None:
+    status, _, raw = client.post(kind, body)
+    check(status, raw, stream=body.get("stream") is True)
+
+
+@examples(300)
+@given(kind=kinds, data=st.data(), field=st.sampled_from(FIELDS), value=json_values)
+def test_one_field_replaced_never_5xx(
+    client: Client, kind: str, data: st.DataObject, field: str, value: object
+) -> None:
+    body = data.draw(valid_body(kind))
+    body[field] = value
+    status, _, raw = client.post(kind, body)
+    error = check(status, raw, stream=body.get("stream") is True)
+    if error is not None and error["param"] is not None:
+        assert error["param"].split(".")[0].split("[")[0] in FIELDS, error
+
+
+WRONG: dict[str, st.SearchStrategy[object]] = {
+    "model": st.integers() | st.booleans() | st.lists(st.text(), max_size=2) | st.floats(),
+    "max_tokens": (
+        st.integers(max_value=0)
+        | st.floats().filter(lambda x: not float(x).is_integer())
+        | st.booleans()
+        | st.text(max_size=5)
+        | st.lists(st.integers(), max_size=2)
+    ),
+    "n": st.integers(max_value=0) | st.integers(2, 2**70) | st.floats(0.1, 9.9) | st.booleans(),
+    "temperature": (
+        st.floats().filter(lambda x: not 0 <= x <= 2)
+        | st.booleans()
+        | st.text(max_size=5)
+        | st.integers(3, 2**70)
+        | st.integers(max_value=-1)
+    ),
+    "stream": st.integers() | st.text(max_size=5) | st.floats() | st.lists(st.booleans()),
+    "seed": st.floats() | st.text(max_size=5) | st.booleans() | st.lists(st.integers()),
+    "stream_options": st.integers() | st.text(max_size=5) | st.lists(st.integers(), max_size=2),
+}
+
+
+@examples(300)
+@given(kind=kinds, data=st.data(), field=st.sampled_from(sorted(WRONG)))
+def test_wrong_type_names_the_field(
+    client: Client, kind: str, data: st.DataObject, field: str
+) -> None:
+    body = data.draw(valid_body(kind))
+    body.pop("stream", None)
+    body[field] = data.draw(WRONG[field])
+    if field == "stream_options":
+        body["stream"] = True
+    status, _, raw = client.post(kind, body)
+    error = check(status, raw)
+    assert error is not None, (body, raw[:300])
+    assert error["param"] == field, error
+    assert f"`{field}`" in error["message"] or repr(body[field])[:10] in error["message"], error
+    assert status == (404 if field == "model" and isinstance(body[field], str) else 400)
+
+
+@examples(100)
+@given(kind=kinds, data=st.data(), extra=st.integers(1, 2**70), stream=st.booleans())
+def test_too_many_tokens_is_context_length_exceeded(
+    client: Client, max_model_len: int, kind: str, data: st.DataObject, extra: int, stream: bool
+) -> None:
+    body = data.draw(valid_body(kind))
+    body["max_tokens"] = max_model_len + extra
+    body["stream"] = stream
+    status, _, raw = client.post(kind, body)
+    error = check(status, raw)
+    assert status == 400 and error is not None
+    assert error["code"] == "context_length_exceeded", error
+    assert error["param"] == ("prompt" if kind == "completion" else "messages")
+    assert str(max_model_len) in error["message"]
+
+
+@examples(200)
+@given(messages=st.lists(json_values, min_size=1, max_size=4) | json_values, stream=st.booleans())
+def test_garbage_messages_name_the_entry(client: Client, messages: object, stream: bool) -> None:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 3, "stream": stream}
+    status, _, raw = client.post("chat", body)
+    error = check(status, raw, stream=stream)
+    if error is not None:
+        assert error["param"] is not None and error["param"].startswith("messages"), error
+        assert "messages" in error["message"], error
+
+
+@examples(200)
+@given(kind=kinds, raw=st.binary(max_size=300))
+def test_random_bytes_are_invalid_json(client: Client, kind: str, raw: bytes) -> None:
+    status, _, answer = client.post(kind, raw)
+    error = check(status, answer)
+    assert error is not None
+    if error["code"] == "invalid_json":
+        assert "JSON" in error["message"]
+
+
+@examples(100)
+@given(kind=kinds, data=st.data(), cut=st.integers(0, 10_000), junk=st.binary(max_size=4))
+def test_truncated_and_corrupted_json(
+    client: Client, kind: str, data: st.DataObject, cut: int, junk: bytes
+) -> None:
+    raw = json.dumps(data.draw(valid_body(kind))).encode()
+    at = cut % max(1, len(raw))
+    mutated = raw[:at] + junk + raw[at + 1 :] if junk else raw[:at]
+    status, _, answer = client.post(kind, mutated)
+    check(status, answer, stream=b'"stream": true' in mutated)
+
+
+@examples(60)
+@given(
+    kind=kinds,
+    depth=st.integers(1, 200_000),
+    opener=st.sampled_from(["[", '{"a":', '{"model":', '{"messages":[']),
+)
+def test_deep_nesting_is_refused_cleanly(
+    client: Client, kind: str, depth: int, opener: str
+) -> None:
+    status, _, answer = client.post(kind, (opener * depth).encode())
+    error = check(status, answer)
+    assert error is not None and status == 400
+
+
+@examples(40)
+@given(kind=kinds, digits=st.integers(4301, 60_000), field=st.sampled_from(["max_tokens", "seed"]))
+def test_numbers_of_thousands_of_digits(client: Client, kind: str, digits: int, field: str) -> None:
+    prompt = '"prompt": "hi"' if kind == "completion" else '"messages": [{"role": "user"}]'
+    raw = f'{{"model": "{MODEL}", {prompt}, "{field}": {"7" * digits}}}'.encode()
+    status, _, answer = client.post(kind, raw)
+    error = check(status, answer)
+    assert error is not None and status == 400
+
+
+@examples(60)
+@given(
+    kind=kinds,
+    text=st.text(st.characters(codec=None, categories=["Cs", "Lu", "Nd"]), min_size=1, max_size=30),
+    raw_bytes=st.binary(min_size=1, max_size=8).filter(lambda b: not _is_utf8(b)),
+)
+def test_surrogates_and_invalid_utf8(
+    client: Client, kind: str, text: str, raw_bytes: bytes
+) -> None:
+    # Lone surrogates escaped in valid JSON are served (counted as bytes)...
+    prompt: dict[str, Any] = (
+        {"prompt": text}
+        if kind == "completion"
+        else {"messages": [{"role": "user", "content": text}]}
+    )
+    status, _, answer = client.post(kind, {"model": MODEL, "max_tokens": 2, **prompt})
+    check(status, answer)
+    assert status == 200
+    # ... raw bytes that are not UTF-8 are a 400 that says the body is not valid JSON.
+    raw = b'{"model": "' + MODEL.encode() + b'", "prompt": "' + raw_bytes + b'", "max_tokens": 2}'
+    status, _, answer = client.post(kind, raw)
+    error = check(status, answer)
+    assert error is not None and error["code"] == "invalid_json", error
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_FRAMING = {"content-length", "transfer-encoding", "host", "connection", "expect", "upgrade",
+            "content-encoding"}  # fmt: skip
+header_names = st.from_regex(r"\A[A-Za-z][A-Za-z0-9-]{0,20}\Z").filter(
+    lambda h: h.lower() not in _FRAMING
+)
+header_values = st.from_regex(r"\A[ -~]{0,40}\Z").map(str.strip)
+
+
+@examples(200)
+@given(
+    kind=kinds,
+    data=st.data(),
+    content_type=header_values
+    | st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]),
+    extra=st.dictionaries(header_names, header_values, max_size=5),
+)
+def test_headers_do_not_matter(
+    client: Client, kind: str, data: st.DataObject, content_type: str, extra: dict[str, str]
+) -> None:
+    body = data.draw(valid_body(kind))
+    status, _, raw = client.post(kind, body, {**extra, "Content-Type": content_type})
+    check(status, raw, stream=bool(body.get("stream")))
+    assert status == 200
+
+
+@examples(60)
+@given(
+    method=st.sampled_from(["GET", "PUT", "DELETE", "PATCH", "POST"]),
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/models", "/health"])
+    | st.from_regex(r"\A/[a-z0-9/._-]{0,30}\Z"),
+)
+def test_unknown_routes_and_methods_are_openai_shaped(
+    client: Client, method: str, path: str
+) -> None:
+    status, headers, raw = client.request(method, path, b"{}" if method != "GET" else None)
+    assert status < 500, (status, raw[:300])
+    if status in (404, 405):
+        error = check(status, raw)
+        assert error is not None and path in error["message"], error
+        if status == 405:
+            assert headers["Allow"], headers
+
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+def _rss_kib(emulator: EmulatorProcess) -> int:
+    assert emulator.proc is not None
+    with open(f"/proc/{emulator.proc.pid}/status") as f:
+        line = next(line for line in f if line.startswith("VmRSS:"))
+    return int(line.split()[1])
+
+
+def _raw_exchange(url: str, head: bytes, body_chunks: Iterator[bytes]) -> bytes:
+    """Send a request by hand; the server may answer and close before it is all sent."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for chunk in body_chunks:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused early: what we want
+        answer = b""
+        with _nothing():
+            while chunk := sock.recv(65536):
+                answer += chunk
+                if b"\r\n\r\n" in answer and answer.endswith(b"}"):
+                    break
+    return answer
+
+
+def _nothing() -> contextlib.suppress:
+    """Ignore the server closing the connection first (what a refusal looks like)."""
+    return contextlib.suppress(ConnectionResetError, BrokenPipeError)
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES.values()))
+def test_announced_oversized_body_is_refused_unread(emulator: EmulatorProcess, route: str) -> None:
+    before = _rss_kib(emulator)
+    started = time.monotonic()
+    head = (
+        f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {100 * MAX_BODY_BYTES}\r\n\r\n"
+    ).encode()
+    answer = _raw_exchange(emulator.url, head, iter([b'{"model": "' + b"x" * 100_000]))
+    status = int(answer.split(b" ", 2)[1])
+    assert status == 413, answer[:300]
+    error = check(status, answer.split(b"\r\n\r\n", 1)[1])
+    assert error is not None and str(MAX_BODY_BYTES) in error["message"]
+    assert time.monotonic() - started < 5
+    assert _rss_kib(emulator) - before < 50_000
+
+
+def test_chunked_oversized_body_is_refused_bounded(emulator: EmulatorProcess) -> None:
+    before = _rss_kib(emulator)
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    piece = b"x" * (1 << 20)
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    answer = _raw_exchange(emulator.url, head, iter([chunk] * (MAX_BODY_BYTES // len(piece) + 16)))
+    status = int(answer.split(b" ", 2)[1])
+    assert status == 413, answer[:300]
+    check(status, answer.split(b"\r\n\r\n", 1)[1].split(b"\r\n", 1)[-1].rsplit(b"\r\n0", 1)[0])
+    # It read at most its limit, and gives the memory back to its allocator afterwards.
+    assert _rss_kib(emulator) - before < 2 * MAX_BODY_BYTES // 1024
+    assert _healthy(emulator.url)
+
+
+def test_slowloris_does_not_block_other_clients(emulator: EmulatorProcess) -> None:
+    parts = urlsplit(emulator.url)
+    stop = threading.Event()
+    slow = [socket.create_connection((parts.hostname, parts.port), timeout=10) for _ in range(64)]
+
+    def trickle() -> None:
+        header = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
+        for i in range(len(header)):
+            if stop.is_set():
+                return
+            for sock in slow:
+                with _nothing():
+                    sock.send(header[i : i + 1])
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        fast = Client(emulator.url)
+        started = time.monotonic()
+        for i in range(50):
+            body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": 4}
+            status, _, raw = fast.post("completion", body, {"Connection": "close"})
+            assert status == 200, raw[:300]
+        assert time.monotonic() - started < 10
+        fast.close()
+    finally:
+        stop.set()
+        thread.join()
+        for sock in slow:
+            sock.close()

@@ -24,6 +24,7 @@ _VERB_MODULES: dict[str, str] = {
     "emulate": "headway.emulate.commands",
     "calibrate": "headway.calibrate.commands",
     "bench": "headway.bench.commands",
+    "gateway": "headway.gateway.commands",
 }
 """Which module registers each verb. A command imports only its own verb's module (a
 load generator must start fast); ``--help`` and unknown verbs import them all."""

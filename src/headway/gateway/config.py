@@ -1,0 +1,260 @@
+"""The gateway's config file (``gateway.yaml``): upstreams, tenants, models and policies.
+
+Errors name the key path, the bad value and the fix (:class:`~headway.core.errors.ConfigError`).
+The policy sections are the simulator's own config types (``admission``, ``queues``,
+``retries``), so a policy tuned in ``headway simulate`` is pasted here unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from headway.core.errors import ConfigError
+from headway.core.policy.admission import AdmissionConfig, TenantLimits
+from headway.core.policy.budgets import share_budgets
+from headway.core.policy.queues import BANDS, QueueConfig
+from headway.core.policy.retries import RetryConfig
+from headway.core.workload.spec import Priority
+
+__all__ = ["GatewayFileConfig", "TenantConfig", "UpstreamConfig", "load_config", "parse_config"]
+
+
+class UpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One OpenAI-compatible engine behind the gateway."""
+
+    url: str
+    """Its base URL, without ``/v1`` (e.g. ``http://10.0.0.5:8000``)."""
+
+    revision: str | None = None
+    """The model revision it serves (requests pinned to a revision reach only matching
+    upstreams)."""
+
+    slots: int | None = None
+    """Requests the gateway keeps dispatched to it at once (None: ``slots_per_upstream``)."""
+
+    api_key: str | None = None
+    """Bearer token the gateway sends to it (clients' keys are never forwarded)."""
+
+    fingerprint: str | None = None
+    """With ``pool``: the expected probe answer (text or ``sha256:HEX``)."""
+
+    model: str | None = None
+    """With ``pool``: the catalog model a ``headway emulate`` upstream emulates (its
+    fingerprint is then computed for ``revision``)."""
+
+    served_model: str | None = None
+    """With ``pool``: the ``model`` name the probe sends."""
+
+    kv_blocks: int | None = None
+    """Its KV blocks (vLLM's ``num_gpu_blocks``; default ``kv_blocks_per_upstream``, or
+    what the pool scrapes from its ``/metrics``)."""
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"upstreams[].url must start with http:// or https:// (got {self.url!r}); "
+                "write the engine's base URL, e.g. http://127.0.0.1:8000"
+            )
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"upstreams[].slots must be >= 1 (got {self.slots}); or omit it")
+
+
+class TenantConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One tenant, found by its API key."""
+
+    name: str
+    """The tenant's name (metrics, budgets, fair queuing)."""
+
+    weight: float = 1.0
+    """Fair-queuing weight within a band: weight 2 is owed twice the token service."""
+
+    share: float = 0.0
+    """Share of ``capacity_tokens_per_s`` the tenant's token budget gets (0: none)."""
+
+    max_priority: Priority = "interactive"
+    """The highest band its requests may ask for with ``x-headway-priority``; higher
+    asks are lowered to it."""
+
+    default_priority: Priority = "interactive"
+    """Band of its requests without ``x-headway-priority`` (capped by ``max_priority``)."""
+
+    token_rate_per_s: float | None = None
+    """An explicit token budget (prompt + planned output per second); overrides ``share``."""
+
+    burst_s: float = 10.0
+    """Seconds of ``token_rate_per_s`` the bucket holds."""
+
+    max_concurrency: int | None = None
+    """Requests in flight (queued or running) at once; None: no limit."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"tenants.<key>.weight must be > 0 (got {self.weight}); use 1")
+        if not (math.isfinite(self.share) and self.share >= 0):
+            raise ValueError(f"tenants.<key>.share must be >= 0 (got {self.share}); use 0")
+
+
+class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The whole ``gateway.yaml``."""
+
+    upstreams: list[UpstreamConfig]
+    """The engines; at least one."""
+
+    tenants: dict[str, TenantConfig] = msgspec.field(default_factory=dict)
+    """Tenants by API key (the ``Authorization: Bearer KEY`` clients send). Empty: the
+    gateway is open and every request is tenant ``anonymous``."""
+
+    models: list[str] = msgspec.field(default_factory=list)
+    """Model names clients may send in ``model`` (404 for others). Empty: any; ``/v1/models``
+    is then relayed from an upstream."""
+
+    preset: Literal["headway-default"] = "headway-default"
+    """The policy preset; ``admission``/``queues``/``retries`` override its settings."""
+
+    admission: AdmissionConfig | None = None
+    """Admission settings (the simulator's ``gateway.admission``); tenant budgets from
+    ``tenants`` are added to its ``tenants``."""
+
+    queues: QueueConfig | None = None
+    """Queue settings (the simulator's ``gateway.queues``); weights from ``tenants``."""
+
+    retries: RetryConfig = RetryConfig(max_attempts=2, backoff_base_s=0.0, backoff_max_s=1.0)
+    """Retries to another upstream, only before the first byte and within the budget."""
+
+    slots_per_upstream: int = 64
+    """Requests dispatched to one upstream at once (the engine's ``max_num_seqs`` or the
+    SLO's batch; a request beyond it would only wait inside the engine)."""
+
+    kv_blocks_per_upstream: int = 1_000_000
+    """KV blocks of one upstream for the KV projection (vLLM's ``num_gpu_blocks``); the
+    default never binds."""
+
+    p95_output_tokens: int = 512
+    """Planned output of a request that sends no ``max_tokens``."""
+
+    prompt_bytes_per_token: float = 4.0
+    """Prompt tokens are estimated as request body bytes / this (about 1 µs; no tokenizer on
+    the hot path). The body's JSON keys make it an over-estimate of a few tokens."""
+
+    tpot_s: float | None = None
+    """Time per output token of an upstream at its slot count (e.g. from ``headway
+    calibrate``), for the service estimate that refuses at arrival what cannot meet its
+    deadline. None: no prediction; queue bounds and expiry enforce deadlines."""
+
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens per second of one request's prefill, with ``tpot_s``."""
+
+    capacity_tokens_per_s: float | None = None
+    """Planned capacity that tenants' ``share`` divides into token budgets (None: shares
+    give no budgets)."""
+
+    default_deadline_s: float | None = None
+    """Deadline of a request without ``x-headway-deadline-ms`` (None: none)."""
+
+    max_deadline_s: float | None = 600.0
+    """Largest deadline a request may ask for (larger asks are clamped)."""
+
+    pool: dict[str, Any] | None = None
+    """Readiness probes of the upstreams (the settings of
+    :class:`headway.gateway.pool.PoolConfig` but ``upstreams``: ``probe_interval_s``,
+    ``warmup_probes``, ``fingerprints``, ...). An upstream then takes traffic only after
+    its fingerprint probes pass. None: no probes; every upstream is routable."""
+
+    shared: dict[str, Any] | None = None
+    """With ``--redis URL``: how tenant budgets are shared across instances (the settings
+    of :class:`headway.gateway.shared.SharedBudgetsConfig` but ``redis_url``: leases,
+    ``fail_mode``, ...). None: their defaults."""
+
+    admin_token: str | None = None
+    """Bearer token of ``/admin/...`` (None: the admin API answers 403)."""
+
+    eject_s: float = 5.0
+    """After a connection failure, an upstream is not routed to for this long (passive
+    health; the upstream pool's probes do better)."""
+
+    connect_timeout_s: float = 5.0
+    """Connecting to an upstream; past it the attempt fails (and may be retried)."""
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ValueError("upstreams must list at least one engine, e.g. - url: http://...")
+        for name, value in (
+            ("slots_per_upstream", self.slots_per_upstream),
+            ("kv_blocks_per_upstream", self.kv_blocks_per_upstream),
+            ("p95_output_tokens", self.p95_output_tokens),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1 (got {value})")
+        if not (math.isfinite(self.prompt_bytes_per_token) and self.prompt_bytes_per_token > 0):
+            raise ValueError(
+                f"prompt_bytes_per_token must be > 0 (got {self.prompt_bytes_per_token}); use 4"
+            )
+        for name, speed in (("tpot_s", self.tpot_s),
+                            ("prefill_tokens_per_s", self.prefill_tokens_per_s)):  # fmt: skip
+            if speed is not None and not (math.isfinite(speed) and speed > 0):
+                raise ValueError(f"{name} must be > 0 (got {speed}); or null for unknown")
+        reserved = self.queue_config().critical_reserved_slots
+        for up in self.upstreams:
+            if (up.slots or self.slots_per_upstream) * len(self.upstreams) <= reserved:
+                raise ValueError(
+                    f"slots ({up.slots or self.slots_per_upstream} per upstream) must exceed "
+                    f"queues.critical_reserved_slots ({reserved}); raise the slots or lower "
+                    "the reserve"
+                )
+
+    def tenant_by_name(self) -> dict[str, TenantConfig]:
+        """Tenants by name."""
+        return {t.name: t for t in self.tenants.values()}
+
+    def queue_config(self) -> QueueConfig:
+        """``queues`` with the tenants' weights."""
+        base = self.queues or QueueConfig()
+        weights = {t.name: t.weight for t in self.tenants.values()}
+        return msgspec.structs.replace(base, tenant_weights={**weights, **base.tenant_weights})
+
+    def admission_config(self) -> AdmissionConfig:
+        """``admission`` with the tenants' budgets (explicit rates, then shares)."""
+        base = self.admission or AdmissionConfig()
+        limits: dict[str, TenantLimits] = {}
+        if self.capacity_tokens_per_s is not None:
+            shares = {t.name: t.share for t in self.tenants.values()}
+            limits.update(share_budgets(shares, self.capacity_tokens_per_s))
+        for t in self.tenants.values():
+            if t.token_rate_per_s is not None or t.max_concurrency is not None:
+                old = limits.get(t.name)
+                limits[t.name] = TenantLimits(
+                    token_rate_per_s=t.token_rate_per_s
+                    if t.token_rate_per_s is not None
+                    else (old.token_rate_per_s if old else None),
+                    burst_s=t.burst_s,
+                    max_concurrency=t.max_concurrency,
+                )
+        return msgspec.structs.replace(base, tenants={**limits, **base.tenants})
+
+
+def parse_config(data: object, source: str = "gateway config") -> GatewayFileConfig:
+    """Decode a parsed YAML/JSON document; a ConfigError names the key path and fix."""
+    try:
+        config = msgspec.convert(data, GatewayFileConfig, strict=False)
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"{source}: {error}") from None
+    for key, tenant in config.tenants.items():
+        if tenant.max_priority not in BANDS:  # pragma: no cover - the Literal checks it
+            raise ConfigError(f"{source}: tenants.{key}.max_priority {tenant.max_priority!r}")
+    return config
+
+
+def load_config(path: Path) -> GatewayFileConfig:
+    """Read and check ``gateway.yaml``."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}; check the path") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not YAML: {error}") from None
+    return parse_config(data, str(path))

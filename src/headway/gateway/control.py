@@ -1,0 +1,413 @@
+"""The wall-clock driver of the core policies: the live twin of :mod:`headway.sim.gateway`.
+
+:class:`Controller` builds a :class:`~headway.core.policy.admission.LoadSnapshot` from
+live state and calls the same policy objects as the simulator: admission
+(:class:`~headway.core.policy.admission.AdmissionPolicy`), the priority queues
+(:class:`~headway.core.policy.queues.PriorityQueues`), routing
+(:class:`~headway.core.policy.routing.Router`) and the retry budget
+(:class:`~headway.core.policy.retries.RetryPolicy`). It decides nothing itself.
+
+A request is offered with :meth:`Controller.offer`: a :class:`~headway.core.policy.
+decisions.Shed`, or a :class:`Lease` whose ``ready`` future resolves to the upstream it
+was dispatched to (at once when admitted; when a slot frees when enqueued) or to a shed
+(expired). :meth:`Controller.release` frees the slot and dispatches the next queued
+request. A queued lease whose client went away is marked dead and skipped when popped:
+it never reaches an upstream and never holds a slot.
+
+Seams for the upstream pool and shared budgets: :class:`UpstreamSource` (the pool's
+ready upstreams) and :class:`BudgetSeam` (a shared tenant budget checked before the
+local policy); the defaults are the config's static list and local-only budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from headway.core.policy.admission import (
+    AdmissionPolicy,
+    AdmissionRequest,
+    LoadSnapshot,
+    TenantLoad,
+)
+from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
+from headway.core.policy.queues import BANDS, Band, PriorityQueues, Queued
+from headway.core.policy.rates import WindowCounter
+from headway.core.policy.retries import RetryPolicy
+from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
+from headway.gateway.config import GatewayFileConfig
+
+__all__ = ["BudgetSeam", "Controller", "Lease", "UpstreamSource", "UpstreamState"]
+
+
+@dataclass(slots=True, kw_only=True)
+class UpstreamState:
+    """One upstream as the controller sees it (a :class:`~headway.core.policy.routing.
+    LoadView`)."""
+
+    url: str
+    revision: str | None = None
+    slots: int = 64
+    total_kv_blocks: int = 1_000_000
+    api_key: str | None = None
+    draining: bool = False
+    """Admin drain: takes no new request; in-flight ones finish."""
+    healthy: bool = True
+    """What the pool says (always True without a pool)."""
+    down_until_s: float = 0.0
+    """Passive ejection: after a connection failure it is not routed to until then."""
+    outstanding_requests: int = 0
+    outstanding_tokens: int = 0
+    projected_blocks: int = 0
+    waiting_requests: int = 0
+
+    @property
+    def ready(self) -> bool:
+        """Routable: healthy, not draining, not ejected."""
+        return (
+            self.healthy
+            and not self.draining
+            and (self.down_until_s == 0.0 or time.monotonic() >= self.down_until_s)
+        )
+
+    @property
+    def free_kv_blocks(self) -> int:
+        """Blocks not projected for its dispatched requests."""
+        return self.total_kv_blocks - self.projected_blocks
+
+
+class UpstreamSource(Protocol):
+    """Where the upstreams come from (the pool, or the config's static list)."""
+
+    def upstreams(self) -> Sequence[UpstreamState]: ...
+
+
+class StaticUpstreams:
+    """The config's upstreams, every one ready unless drained by the admin API."""
+
+    def __init__(self, states: Sequence[UpstreamState]) -> None:
+        self.states = list(states)
+
+    def upstreams(self) -> Sequence[UpstreamState]:
+        """All of them."""
+        return self.states
+
+
+class BudgetSeam(Protocol):
+    """A shared budget consulted before local admission (``shared.py`` plugs in here)."""
+
+    def check(self, now: float, tenant: str, tokens: int) -> Shed | None: ...
+    def give_back(self, tenant: str, tokens: float, now: float) -> None: ...
+    def add_in_flight(self, tenant: str, delta: int) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """One admitted or enqueued request, until :meth:`Controller.release`."""
+
+    tenant: str
+    band: Band
+    cost_tokens: int
+    blocks: int
+    revision: str | None
+    deadline_s: float | None
+    ready: asyncio.Future[UpstreamState | Shed]
+    upstream: UpstreamState | None = None
+    dead: bool = False
+    """The client went away while it was queued: skip it when popped."""
+    released: bool = False
+    tried: list[UpstreamState] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+
+
+class Controller:
+    """Admission, queues, slots, routing and the retry budget on the wall clock."""
+
+    def __init__(
+        self,
+        config: GatewayFileConfig,
+        source: UpstreamSource | None = None,
+        budgets: BudgetSeam | None = None,
+    ) -> None:
+        self.config = config
+        admission = config.admission_config()
+        if budgets is not None:
+            # The shared budget holds the token buckets; local admission keeps the rest.
+            tenants = {
+                t: msgspec.structs.replace(lim, token_rate_per_s=None)
+                for t, lim in admission.tenants.items()
+            }
+            admission = msgspec.structs.replace(admission, tenants=tenants)
+        self.admission = AdmissionPolicy(admission)
+        self.queues: PriorityQueues[Lease] = PriorityQueues(config.queue_config())
+        self.retries = RetryPolicy(config.retries)
+        self.router = Router("least_outstanding_requests")
+        self.source: UpstreamSource = source or StaticUpstreams(
+            [self._state(i) for i in range(len(config.upstreams))]
+        )
+        self.budgets = budgets
+        self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
+        self.in_flight: dict[str, int] = {}
+        self._completions: dict[str, WindowCounter] = {}
+        self.expired = 0
+        self.skipped_dead = 0
+
+    def _state(self, index: int) -> UpstreamState:
+        up = self.config.upstreams[index]
+        return UpstreamState(
+            url=up.url.rstrip("/"),
+            revision=up.revision,
+            slots=up.slots or self.config.slots_per_upstream,
+            total_kv_blocks=self.config.kv_blocks_per_upstream,
+            api_key=up.api_key,
+        )
+
+    @staticmethod
+    def now() -> float:
+        """The controller's clock (monotonic seconds)."""
+        return time.monotonic()
+
+    # -- state -----------------------------------------------------------------------------
+
+    def total_slots(self) -> int:
+        """Dispatch slots of the ready upstreams."""
+        return sum(u.slots for u in self.source.upstreams() if u.ready)
+
+    def _route(self, now: float, lease: Lease, exclude: Sequence[UpstreamState] = ()) -> int | None:
+        ups = self.source.upstreams()
+        loads = [
+            ReplicaLoad(
+                outstanding_requests=u.outstanding_requests,
+                outstanding_tokens=u.outstanding_tokens,
+                free_kv_blocks=u.free_kv_blocks,
+                revision=u.revision,
+                ready=u.ready and u.outstanding_requests < u.slots and u not in exclude,
+            )
+            for u in ups
+        ]
+        request = RouteRequest(
+            prompt_tokens=lease.cost_tokens,
+            expected_output_tokens=0,
+            projected_kv_blocks=lease.blocks,
+            revision=lease.revision,
+        )
+        return self.router.route(now, request, loads)
+
+    def snapshot(self, now: float, request: AdmissionRequest) -> LoadSnapshot:
+        """The load admission reads for ``request`` at ``now``."""
+        ups = self.source.upstreams()
+        ready = [u for u in ups if u.ready]
+        total = sum(u.slots for u in ready)
+        if total > self.queues.config.critical_reserved_slots:
+            by_band = self.queues.free_slots_by_band(total_slots=total, running=self.running)
+            free_slots: dict[str, int] = dict(by_band.items())
+        else:
+            free_slots = {}
+        best = max(ready, key=lambda u: u.free_kv_blocks, default=None)
+        tenants = {
+            t: TenantLoad(
+                in_flight_requests=n,
+                completions_per_s=self._completion_rate(now, t),
+            )
+            for t, n in self.in_flight.items()
+            if n
+        }
+        return LoadSnapshot(
+            queues=self.queues.statistics(now),
+            free_slots=free_slots,
+            free_kv_blocks=best.free_kv_blocks if best else 0,
+            total_kv_blocks=best.total_kv_blocks if best else self.config.kv_blocks_per_upstream,
+            tenants=tenants,
+            prefill_tokens_per_s=self.config.prefill_tokens_per_s,
+            tpot_s=self.config.tpot_s,
+            downstream_health=1.0 if ready else 0.0,
+            downstream_next_probe_s=None
+            if ready
+            else min((u.down_until_s for u in ups if u.down_until_s > now), default=None),
+        )
+
+    def _completion_rate(self, now: float, tenant: str) -> float:
+        counter = self._completions.get(tenant)
+        return 0.0 if counter is None else counter.rate_per_s(now)
+
+    # -- offer / dispatch / release --------------------------------------------------------
+
+    def offer(self, request: AdmissionRequest, revision: str | None = None) -> Shed | Lease:
+        """Decide on one request now: a shed, or a lease (dispatched or queued)."""
+        now = self.now()
+        if self.budgets is not None:
+            refused = self.budgets.check(now, request.tenant, request.cost_tokens)
+            if refused is not None:
+                return refused
+        decision = self.admission.decide(now, request, self.snapshot(now, request))
+        if isinstance(decision, Shed):
+            self._give_back(now, request.tenant, request.cost_tokens)
+            return decision
+        loop = asyncio.get_running_loop()
+        lease = Lease(
+            tenant=request.tenant,
+            band=request.priority,
+            cost_tokens=request.cost_tokens,
+            blocks=self.admission.projected_kv_blocks(request),
+            revision=revision,
+            deadline_s=request.deadline_s,
+            ready=loop.create_future(),
+        )
+        if isinstance(decision, Admit):
+            index = self._route(now, lease)
+            if index is not None:
+                self._dispatch(lease, self.source.upstreams()[index])
+                self._count_in(request.tenant)
+                return lease
+            decision = Enqueue(request.priority)  # no upstream free for its revision: wait
+        assert isinstance(decision, Enqueue)
+        refused = self.queues.push(
+            now,
+            lease,
+            band=decision.queue,
+            tenant=request.tenant,
+            cost_tokens=request.cost_tokens,
+            deadline_s=request.deadline_s,
+            max_retry_after_s=self.admission.config.max_retry_after_s,
+            front=decision.front,
+        )
+        if refused is not None:
+            self.admission.refund(now, request.tenant, request.cost_tokens)
+            self._give_back(now, request.tenant, request.cost_tokens)
+            return refused
+        self._count_in(request.tenant)
+        if request.deadline_s is not None:
+            delay = max(request.deadline_s - now, 0.0)
+            lease.timer = loop.call_later(delay + 0.001, self.expire)
+        return lease
+
+    def _count_in(self, tenant: str) -> None:
+        self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
+        if self.budgets is not None:
+            self.budgets.add_in_flight(tenant, 1)
+
+    def _give_back(self, now: float, tenant: str, tokens: float) -> None:
+        if self.budgets is not None and tokens > 0:
+            self.budgets.give_back(tenant, tokens, now)
+
+    def _dispatch(self, lease: Lease, upstream: UpstreamState) -> None:
+        self.running[lease.band] += 1
+        lease.upstream = upstream
+        upstream.outstanding_requests += 1
+        upstream.outstanding_tokens += lease.cost_tokens
+        upstream.projected_blocks += lease.blocks
+        if lease.timer is not None:
+            lease.timer.cancel()
+            lease.timer = None
+        if not lease.ready.done():
+            lease.ready.set_result(upstream)
+
+    def reroute(self, lease: Lease) -> UpstreamState | None:
+        """Move a dispatched lease to another ready upstream (a retry before the first
+        byte); None when none is free."""
+        assert lease.upstream is not None
+        old = lease.upstream
+        lease.tried.append(old)
+        index = self._route(self.now(), lease, exclude=lease.tried)
+        if index is None:
+            return None
+        self._unload(lease)
+        new = self.source.upstreams()[index]
+        lease.upstream = new
+        new.outstanding_requests += 1
+        new.outstanding_tokens += lease.cost_tokens
+        new.projected_blocks += lease.blocks
+        return new
+
+    def _unload(self, lease: Lease) -> None:
+        up = lease.upstream
+        if up is not None:
+            up.outstanding_requests -= 1
+            up.outstanding_tokens -= lease.cost_tokens
+            up.projected_blocks -= lease.blocks
+
+    def release(self, lease: Lease, *, completed: bool = False, unused_tokens: int = 0) -> None:
+        """The request ended (served, failed, cancelled): free its slot, refund unused
+        budget, and dispatch what the queues let go next. Idempotent."""
+        if lease.released:
+            return
+        lease.released = True
+        now = self.now()
+        if lease.timer is not None:
+            lease.timer.cancel()
+        if lease.upstream is not None:
+            self._unload(lease)
+            self.running[lease.band] -= 1
+        else:
+            lease.dead = True  # still queued: skipped when popped
+        self.in_flight[lease.tenant] -= 1
+        if self.budgets is not None:
+            self.budgets.add_in_flight(lease.tenant, -1)
+        if completed:
+            counter = self._completions.get(lease.tenant)
+            if counter is None:
+                counter = self._completions[lease.tenant] = WindowCounter(10.0, start_s=now)
+            counter.add(now)
+        if unused_tokens > 0:
+            self.admission.refund(now, lease.tenant, unused_tokens)
+            self._give_back(now, lease.tenant, unused_tokens)
+        if not lease.ready.done():
+            lease.ready.cancel()
+        self.pump()
+
+    def pump(self) -> None:
+        """Dispatch queued requests while slots and upstreams are free."""
+        now = self.now()
+        total = self.total_slots()
+        if total <= self.queues.config.critical_reserved_slots:
+            self.expire()
+            return
+        while True:
+            got: Queued[Lease] | None = self.queues.try_pop(
+                now, total_slots=total, running=self.running
+            )
+            if got is None:
+                break
+            lease = got.item
+            if lease.dead:
+                self.skipped_dead += 1
+                continue
+            index = self._route(now, lease)
+            if index is None:
+                # Every upstream able to take it is full (a revision pin): give it back
+                # its place at the front of its line and stop.
+                self.queues.push(
+                    now, lease, band=got.band, tenant=got.tenant, cost_tokens=got.cost_tokens,
+                    deadline_s=got.deadline_s, front=True,
+                )  # fmt: skip
+                break
+            self._dispatch(lease, self.source.upstreams()[index])
+        self.expire()
+
+    def expire(self) -> None:
+        """End the queued requests whose deadline passed (EXPIRED, never sent)."""
+        now = self.now()
+        for gone in self.queues.expire(now):
+            lease = gone.item
+            if lease.dead:
+                continue
+            self.expired += 1
+            self.admission.refund(now, lease.tenant, lease.cost_tokens)
+            self._give_back(now, lease.tenant, lease.cost_tokens)
+            if not lease.ready.done():
+                lease.ready.set_result(
+                    Shed(ShedReason.EXPIRED, None, "its deadline passed while it waited")
+                )
+
+    def queued_by(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Queue depth per band and per tenant (the live ones, for metrics)."""
+        stats = self.queues.statistics(now)
+        return (
+            {b: s.queued_requests for b, s in stats.bands.items()},
+            {t: s.queued_requests for t, s in stats.tenants.items()},
+        )

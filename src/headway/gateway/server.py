@@ -1,0 +1,818 @@
+"""The gateway's HTTP server (aiohttp) and relay.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``, and the admin API
+(``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``; bearer
+``admin_token``).
+
+Hot path per request: find the tenant from the bearer key (a dict lookup); decode only
+``model``, ``stream``, ``max_tokens`` and the presence of ``messages``/``prompt`` with a
+typed msgspec struct (the rest of the body is relayed as received); estimate prompt tokens
+as body bytes / ``prompt_bytes_per_token``; admission; relay. Stream bytes are written to
+the client as they arrive; the gateway keeps the last two chunks to read ``usage`` at
+the end. A client that disconnects cancels the handler (``handler_cancellation``): a
+queued request leaves the line, an in-flight one has its upstream connection closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from headway.core.errors import ConfigError
+from headway.core.policy.admission import AdmissionRequest
+from headway.core.policy.deadlines import DeadlineConfig, DeadlinePolicy
+from headway.core.policy.decisions import Shed, ShedReason
+from headway.core.policy.queues import BANDS, Band
+from headway.core.policy.retries import AttemptOutcome, FailureKind, GiveUp
+from headway.gateway.config import GatewayFileConfig, TenantConfig, load_config
+from headway.gateway.control import Controller, Lease, UpstreamState
+from headway.gateway.metrics import TTFT_BUCKETS_S, Registry
+from headway.gateway.pooled import PoolSource
+
+if TYPE_CHECKING:
+    from headway.gateway.shared import SharedBudgets
+
+__all__ = ["GatewayServer", "status_for"]
+
+log = logging.getLogger("headway.gateway")
+
+PRIORITY_HEADER: Final = "x-headway-priority"
+DEADLINE_HEADER: Final = "x-headway-deadline-ms"
+TICKET_HEADER: Final = "x-headway-retry-ticket"
+REASON_HEADER: Final = "x-headway-shed-reason"
+ANONYMOUS: Final = "anonymous"
+
+_STATUS: Final[dict[ShedReason, int]] = {
+    ShedReason.QUEUE_FULL: 429,
+    ShedReason.TENANT_CONCURRENCY: 429,
+    ShedReason.TENANT_TOKEN_RATE: 429,
+    ShedReason.KV_PROJECTION: 503,
+    ShedReason.DEADLINE_UNMEETABLE: 503,
+    ShedReason.DOWNSTREAM_UNHEALTHY: 503,
+    ShedReason.DRAINING: 503,
+    ShedReason.EXPIRED: 503,
+    ShedReason.TOO_LARGE: 400,
+}
+
+
+def status_for(reason: ShedReason) -> int:
+    """HTTP status of a shed: 429 for the queue's and the tenant's limits, 503 for
+    capacity, deadlines and the engines, 400 for a request that can never fit."""
+    return _STATUS[reason]
+
+
+class _Body(msgspec.Struct, kw_only=True):
+    """What the gateway reads of a request body (unknown fields are relayed untouched)."""
+
+    model: str
+    stream: bool = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    messages: msgspec.Raw = msgspec.Raw(b"")
+    prompt: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_BODY = msgspec.json.Decoder(_Body)
+_USAGE = msgspec.json.Decoder(_WithUsage)
+
+
+_UPSTREAM_FAILED: Final = msgspec.json.encode(
+    {
+        "error": {
+            "message": "the upstream failed before answering and no retry was possible",
+            "type": "upstream_error",
+            "param": None,
+            "code": "upstream_error",
+        }
+    }
+)
+
+
+class _Unanswered(Exception):
+    """The upstream failed before anything reached the client (a retry may follow)."""
+
+
+class ClientError(Exception):
+    """A client's mistake: answered 4xx with an OpenAI-shaped body."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {
+                "message": str(self),
+                "type": "invalid_request_error",
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return web.json_response(body, status=self.status)
+
+
+@dataclass(slots=True)
+class _Parsed:
+    tenant: TenantConfig | None
+    tenant_name: str
+    body: _Body
+    raw: bytes
+    band: Band
+    deadline_s: float | None
+    ticket: int | None
+
+
+class GatewayServer:
+    """One gateway: the app, its controller, upstream sessions and metrics."""
+
+    def __init__(
+        self,
+        config: GatewayFileConfig,
+        *,
+        config_path: Path | None = None,
+        redis_url: str | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.shared = _shared_budgets(config, redis_url) if redis_url else None
+        self.controller = Controller(config, budgets=self.shared)
+        self.pool: PoolSource | None = None
+        if config.pool is not None:
+            self.pool = PoolSource(config, self.controller.pump)
+            self.controller.source = self.pool
+        self.deadlines = DeadlinePolicy(
+            DeadlineConfig(
+                default_budget_s=config.default_deadline_s, max_budget_s=config.max_deadline_s
+            )
+        )
+        self.rng = np.random.default_rng()
+        self.sessions: dict[str, aiohttp.ClientSession] = {}
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+        self.host = "127.0.0.1"
+        self._setup_metrics()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/admin/drain", self._admin_drain)
+        app.router.add_post("/admin/reload", self._admin_reload)
+        app.router.add_get("/admin/state", self._admin_state)
+        self.app = app
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The base URL it listens on."""
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen; return the URL."""
+        self.runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0
+        )
+        await self.runner.setup()
+        if self.pool is not None:
+            await self.pool.start()
+        if self.shared is not None:
+            await self.shared.start()
+        site = web.TCPSite(self.runner, host, port, backlog=4096)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.host = host
+        self.port = sockets[0].getsockname()[1] if sockets else port
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop listening, finish in flight (up to the shutdown timeout), close sessions."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.pool is not None:
+            await self.pool.stop()
+        if self.shared is not None:
+            await self.shared.stop()
+        for session in self.sessions.values():
+            await session.close()
+
+    def _session(self, upstream: UpstreamState) -> aiohttp.ClientSession:
+        session = self.sessions.get(upstream.url)
+        if session is None:
+            connector = aiohttp.TCPConnector(
+                limit=upstream.slots + 8, limit_per_host=0, keepalive_timeout=30.0,
+                enable_cleanup_closed=False,
+            )  # fmt: skip
+            timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s)
+            headers = {"Authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
+            session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, headers=headers, auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )  # fmt: skip
+            self.sessions[upstream.url] = session
+        return session
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def _setup_metrics(self) -> None:
+        reg = self.metrics = Registry()
+        self.m_offered = reg.counter(
+            "headway_gateway_requests_offered_total", "Requests offered, by tenant.", ["tenant"]
+        )
+        self.m_admitted = reg.counter(
+            "headway_gateway_admissions_total",
+            "Requests admitted at once (admit) or queued (enqueue), by band.",
+            ["decision", "band"],
+        )
+        self.m_shed = reg.counter(
+            "headway_gateway_sheds_total", "Requests refused, by reason and status.",
+            ["reason", "status"],
+        )  # fmt: skip
+        self.m_retry_after = reg.counter(
+            "headway_gateway_retry_after_issued_total", "Refusals that carried a Retry-After."
+        )
+        self.m_retry_after_s = reg.counter(
+            "headway_gateway_retry_after_seconds_total", "Sum of the Retry-After values issued."
+        )
+        self.m_cancelled = reg.counter(
+            "headway_gateway_cancellations_total",
+            "Client disconnects, by stage (queued, in_flight) and mode.",
+            ["stage", "mode"],
+        )
+        self.m_retries = reg.counter(
+            "headway_gateway_upstream_retries_total", "Attempts moved to another upstream."
+        )
+        self.m_upstream_errors = reg.counter(
+            "headway_gateway_upstream_errors_total", "Failed upstream attempts.", ["upstream"]
+        )
+        self.m_completed = reg.counter(
+            "headway_gateway_completed_total", "Requests answered 2xx by an upstream, by tenant.",
+            ["tenant"],
+        )  # fmt: skip
+        self.m_good = reg.counter(
+            "headway_gateway_goodput_requests_total",
+            "Completed requests that met their deadline (or had none), by tenant.",
+            ["tenant"],
+        )
+        self.m_tokens = reg.counter(
+            "headway_gateway_completion_tokens_total",
+            "Completion tokens of completed requests (from usage when sent).",
+            ["tenant"],
+        )
+        self.m_client_errors = reg.counter(
+            "headway_gateway_client_errors_total", "Requests refused as malformed, by status.",
+            ["status"],
+        )  # fmt: skip
+        self.m_ttft = reg.histogram(
+            "headway_gateway_upstream_ttft_seconds",
+            "Upstream time to first byte of the answer (streaming: first SSE event), seconds.",
+            TTFT_BUCKETS_S,
+            ["upstream"],
+        )
+        ctl = self.controller
+
+        def depth_band() -> list[tuple[tuple[str, ...], float]]:
+            bands, _ = ctl.queued_by(ctl.now())
+            return [((b,), float(n)) for b, n in bands.items()]
+
+        def depth_tenant() -> list[tuple[tuple[str, ...], float]]:
+            _, tenants = ctl.queued_by(ctl.now())
+            return [((t,), float(n)) for t, n in tenants.items()]
+
+        def budget() -> list[tuple[tuple[str, ...], float]]:
+            _, retries, allowed = ctl.retries.budget(ctl.now())
+            return [((), max(allowed - retries, 0.0))]
+
+        def running() -> list[tuple[tuple[str, ...], float]]:
+            return [((u.url,), float(u.outstanding_requests)) for u in ctl.source.upstreams()]
+
+        def ready() -> list[tuple[tuple[str, ...], float]]:
+            return [((u.url,), 1.0 if u.ready else 0.0) for u in ctl.source.upstreams()]
+
+        reg.gauge("headway_gateway_queue_depth_requests", "Requests waiting, by band.",
+                  ["band"], depth_band)  # fmt: skip
+        reg.gauge("headway_gateway_tenant_queue_depth_requests", "Requests waiting, by tenant.",
+                  ["tenant"], depth_tenant)  # fmt: skip
+        reg.gauge("headway_gateway_retry_budget_left", "Retries the budget still allows now.",
+                  [], budget)  # fmt: skip
+        reg.gauge("headway_gateway_upstream_outstanding_requests",
+                  "Requests dispatched to each upstream.", ["upstream"], running)  # fmt: skip
+        if self.pool is None:  # the pool renders its own, richer gauge of that name
+            reg.gauge("headway_gateway_upstream_ready", "1 while an upstream is routable.",
+                      ["upstream"], ready)  # fmt: skip
+        shared = self.shared
+        if shared is not None:
+            reg.gauge("headway_gateway_shared_budgets_healthy",
+                      "1 while Redis answers; 0 while serving on local shares.", [],
+                      lambda: [((), 1.0 if shared.healthy else 0.0)])  # fmt: skip
+            reg.gauge("headway_gateway_shared_budgets_round_trips", "Redis round trips made.",
+                      [], lambda: [((), float(shared.round_trips))])  # fmt: skip
+        reg.gauge("headway_gateway_tickets_outstanding", "Retry tickets issued and not used.",
+                  [], lambda: [((), float(ctl.admission.tickets_outstanding))])  # fmt: skip
+
+    # -- request parsing -------------------------------------------------------------------
+
+    def _tenant(self, request: web.Request) -> tuple[TenantConfig | None, str]:
+        tenants = self.config.tenants
+        auth = request.headers.get("Authorization", "")
+        if not tenants:
+            return None, ANONYMOUS
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        tenant = tenants.get(key)
+        if tenant is None:
+            raise ClientError(
+                401,
+                "Incorrect or missing API key: send `Authorization: Bearer KEY` with a key "
+                "from the gateway's tenants",
+                code="invalid_api_key",
+            )
+        return tenant, tenant.name
+
+    def _parse(self, request: web.Request, raw: bytes, kind: str) -> _Parsed:
+        tenant, name = self._tenant(request)
+        try:
+            body = _BODY.decode(raw)
+        except msgspec.ValidationError as error:
+            text = str(error)
+            param = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+            raise ClientError(
+                400, f"invalid request body: {text}; fix that field", param=param
+            ) from None
+        except msgspec.DecodeError as error:
+            raise ClientError(400, f"the request body is not JSON: {error}") from None
+        needed = "messages" if kind == "chat" else "prompt"
+        if not getattr(body, needed) or bytes(getattr(body, needed)) == b"null":
+            raise ClientError(400, f"`{needed}` is required", param=needed)
+        for field_name in ("max_tokens", "max_completion_tokens"):
+            value = getattr(body, field_name)
+            if value is not None and value < 1:
+                raise ClientError(
+                    400,
+                    f"`{field_name}` must be an integer >= 1 (got {value}); or omit it",
+                    param=field_name,
+                )
+        if self.config.models and body.model not in self.config.models:
+            raise ClientError(
+                404,
+                f"The model `{body.model}` does not exist; use one of "
+                f"{', '.join(self.config.models)}",
+                param="model",
+                code="model_not_found",
+            )
+        headers = request.headers
+        band: Band = tenant.default_priority if tenant else "interactive"
+        asked = headers.get(PRIORITY_HEADER)
+        if asked is not None:
+            if asked not in BANDS:
+                raise ClientError(
+                    400, f"{PRIORITY_HEADER} must be one of {', '.join(BANDS)} (got {asked!r})",
+                    param=PRIORITY_HEADER,
+                )  # fmt: skip
+            band = asked
+        if tenant is not None and BANDS.index(band) < BANDS.index(tenant.max_priority):
+            band = tenant.max_priority
+        now = self.controller.now()
+        budget_s: float | None = None
+        deadline_text = headers.get(DEADLINE_HEADER)
+        if deadline_text is not None:
+            if not deadline_text.strip().isdigit():
+                raise ClientError(
+                    400,
+                    f"{DEADLINE_HEADER} must be whole milliseconds >= 0 (got {deadline_text!r})",
+                    param=DEADLINE_HEADER,
+                )
+            budget_s = int(deadline_text) / 1000.0
+        deadline = self.deadlines.assign(now, budget_s)
+        ticket_text = headers.get(TICKET_HEADER)
+        ticket = int(ticket_text) if ticket_text and ticket_text.isdigit() else None
+        return _Parsed(
+            tenant, name, body, raw, band, None if deadline is None else deadline.deadline_s,
+            ticket,
+        )  # fmt: skip
+
+    # -- generation ------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion", "/v1/completions")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat", "/v1/chat/completions")
+
+    def _shed_response(self, shed: Shed) -> web.Response:
+        status = status_for(shed.reason)
+        self.m_shed.inc(shed.reason.value, str(status))
+        headers = {REASON_HEADER: shed.reason.value}
+        if shed.retry_after_s is not None and status != 400:
+            headers["Retry-After"] = str(math.ceil(shed.retry_after_s))
+            headers["x-headway-retry-after-ms"] = str(math.ceil(shed.retry_after_s * 1000))
+            self.m_retry_after.inc()
+            self.m_retry_after_s.inc(amount=shed.retry_after_s)
+        if shed.ticket is not None:
+            headers[TICKET_HEADER] = str(shed.ticket)
+        body = {
+            "error": {
+                "message": f"{shed.reason.value}: {shed.reason.meaning}"
+                + (f" ({shed.detail})" if shed.detail else ""),
+                "type": "overloaded_error" if status != 400 else "invalid_request_error",
+                "param": None,
+                "code": shed.reason.value,
+            }
+        }
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            parsed = self._parse(request, raw, kind)
+        except ClientError as error:
+            self.m_client_errors.inc(str(error.status))
+            return error.response()
+        body = parsed.body
+        ctl = self.controller
+        self.m_offered.inc(parsed.tenant_name)
+        max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
+        admission = AdmissionRequest(
+            tenant=parsed.tenant_name,
+            prompt_tokens=math.ceil(len(raw) / self.config.prompt_bytes_per_token),
+            p95_output_tokens=self.config.p95_output_tokens,
+            max_tokens=max_tokens,
+            priority=parsed.band,
+            deadline_s=parsed.deadline_s,
+            ticket=parsed.ticket,
+        )
+        ctl.retries.record_request(ctl.now())
+        got = ctl.offer(admission)
+        if isinstance(got, Shed):
+            return self._shed_response(got)
+        lease = got
+        planned = admission.planned_output_tokens
+        completion_tokens: int | None = None
+        completed = False
+        stage = "queued"
+        try:
+            if lease.upstream is None:
+                self.m_admitted.inc("enqueue", parsed.band)
+                outcome = await lease.ready
+                if isinstance(outcome, Shed):
+                    return self._shed_response(outcome)
+            else:
+                self.m_admitted.inc("admit", parsed.band)
+            stage = "in_flight"
+            response, completion_tokens, completed = await self._relay(request, parsed, lease, path)
+            return response
+        except asyncio.CancelledError:
+            self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
+            raise
+        finally:
+            unused = lease.cost_tokens if not completed else 0
+            if completed:
+                self.m_completed.inc(parsed.tenant_name)
+                if completion_tokens is not None:
+                    self.m_tokens.inc(parsed.tenant_name, amount=completion_tokens)
+                    unused = max(planned - completion_tokens, 0)
+                if parsed.deadline_s is None or ctl.now() <= parsed.deadline_s:
+                    self.m_good.inc(parsed.tenant_name)
+            ctl.release(lease, completed=completed, unused_tokens=unused)
+
+    async def _relay(
+        self, request: web.Request, parsed: _Parsed, lease: Lease, path: str
+    ) -> tuple[web.StreamResponse, int | None, bool]:
+        """Send to the lease's upstream, retrying on another before the first byte."""
+        ctl = self.controller
+        attempt = 1
+        while True:
+            upstream = lease.upstream
+            assert upstream is not None
+            started = time.monotonic()
+            failure = FailureKind.CONNECT_ERROR
+            last: tuple[int, bytes, str | None] = (502, b"", None)
+            upstream_retry_after: float | None = None
+            try:
+                resp = await self._session(upstream).post(
+                    upstream.url + path,
+                    data=parsed.raw,
+                    headers={"Content-Type": "application/json"},
+                )
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                failure = FailureKind.CONNECT_ERROR
+            else:
+                if resp.status >= 500 or resp.status == 429:
+                    failure = (
+                        FailureKind.REFUSED
+                        if resp.status in (429, 503)
+                        else FailureKind.UPSTREAM_ERROR
+                    )
+                    text = resp.headers.get("Retry-After", "")
+                    upstream_retry_after = float(text) if text.isdigit() else None
+                    error_body = await resp.read()
+                    resp.release()
+                    last = (resp.status, error_body, resp.headers.get("Content-Type"))
+                else:
+                    try:
+                        return await self._answer(request, parsed, upstream, resp, started)
+                    except _Unanswered:
+                        failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
+                        last = (502, _UPSTREAM_FAILED, "application/json")
+                    finally:
+                        resp.close()
+            self.m_upstream_errors.inc(upstream.url)
+            if failure is FailureKind.CONNECT_ERROR:
+                upstream.down_until_s = time.monotonic() + self.config.eject_s
+            decision = ctl.retries.next_attempt(
+                ctl.now(),
+                attempt,
+                AttemptOutcome(kind=failure, deadline_s=parsed.deadline_s),
+                upstream_retry_after if failure is FailureKind.REFUSED else None,
+                self.rng,
+            )
+            moved = None if isinstance(decision, GiveUp) else ctl.reroute(lease)
+            if moved is None:
+                if failure is FailureKind.CONNECT_ERROR:
+                    error = {
+                        "error": {
+                            "message": "downstream_unhealthy: the upstream could not be "
+                            "reached and no retry was possible"
+                            + (
+                                f" ({decision.reason.value})"
+                                if isinstance(decision, GiveUp)
+                                else ""
+                            ),
+                            "type": "upstream_error",
+                            "param": None,
+                            "code": "downstream_unhealthy",
+                        }
+                    }
+                    return web.json_response(error, status=502), None, False
+                status, data, ctype = last
+                out = web.Response(body=data, status=status, content_type=None)
+                if ctype:
+                    out.headers["Content-Type"] = ctype
+                return out, None, False
+            assert not isinstance(decision, GiveUp)
+            self.m_retries.inc()
+            if decision.delay_s > 0:
+                await asyncio.sleep(decision.delay_s)
+            attempt += 1
+
+    async def _answer(
+        self,
+        request: web.Request,
+        parsed: _Parsed,
+        upstream: UpstreamState,
+        resp: aiohttp.ClientResponse,
+        started: float,
+    ) -> tuple[web.StreamResponse, int | None, bool]:
+        ok = 200 <= resp.status < 300
+        ctype = resp.headers.get("Content-Type", "application/json")
+        if not parsed.body.stream or not ok or not ctype.startswith("text/event-stream"):
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, OSError) as error:
+                raise _Unanswered from error
+            self.m_ttft.observe(time.monotonic() - started, upstream.url)
+            whole = web.Response(body=data, status=resp.status)
+            whole.headers["Content-Type"] = ctype
+            tokens = None
+            if ok:
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    usage = _USAGE.decode(data).usage
+                    tokens = None if usage is None else usage.completion_tokens
+            return whole, tokens, ok
+        out = web.StreamResponse(status=resp.status)
+        out.headers["Content-Type"] = ctype
+        out.headers["Cache-Control"] = "no-cache"
+        await out.prepare(request)
+        first = True
+        tail = b""
+        try:
+            async for chunk in resp.content.iter_any():
+                if first:
+                    self.m_ttft.observe(time.monotonic() - started, upstream.url)
+                    first = False
+                await out.write(chunk)
+                tail = tail[-2048:] + chunk if len(chunk) < 4096 else chunk[-4096:]
+            await out.write_eof()
+        except ConnectionResetError:  # the client went away between two events
+            self.m_cancelled.inc("in_flight", "stream")
+            return out, None, False
+        except (aiohttp.ClientError, OSError) as error:
+            # The upstream failed mid-stream: the client has part of an answer, so no
+            # retry (it would duplicate it); its connection ends without [DONE].
+            log.warning("upstream %s failed mid-stream: %s", upstream.url, error)
+            self.m_upstream_errors.inc(upstream.url)
+            return out, None, False
+        return out, _stream_usage(tail), True
+
+    # -- other routes ----------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        try:
+            self._tenant(request)
+        except ClientError as error:
+            return error.response()
+        if self.config.models:
+            data = [{"id": m, "object": "model", "owned_by": "headway"} for m in self.config.models]
+            return web.json_response({"object": "list", "data": data})
+        for upstream in self.controller.source.upstreams():
+            if not upstream.ready:
+                continue
+            try:
+                async with self._session(upstream).get(upstream.url + "/v1/models") as resp:
+                    return web.Response(
+                        body=await resp.read(), status=resp.status, content_type="application/json"
+                    )
+            except (aiohttp.ClientError, OSError):
+                continue
+        return web.json_response(
+            {"error": {"message": "no upstream is reachable", "code": "downstream_unhealthy"}},
+            status=503,
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        ready = sum(1 for u in self.controller.source.upstreams() if u.ready)
+        return web.json_response(
+            {"status": "ok" if ready else "unavailable", "ready_upstreams": ready},
+            status=200 if ready else 503,
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = self.metrics.render()
+        if self.pool is not None:
+            text += "\n".join(self.pool.pool.prometheus_lines()) + "\n"
+        return web.Response(text=text, content_type="text/plain")
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def _admin(self, request: web.Request) -> web.Response | None:
+        token = self.config.admin_token
+        if token is None:
+            return web.json_response(
+                {"error": {"message": "the admin API is off: set admin_token in the config"}},
+                status=403,
+            )
+        if request.headers.get("Authorization", "") != f"Bearer {token}":
+            return web.json_response(
+                {"error": {"message": "wrong or missing admin token", "code": "invalid_api_key"}},
+                status=401,
+            )
+        return None
+
+    async def _admin_state(self, request: web.Request) -> web.Response:
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
+        ctl = self.controller
+        ups = [
+            {"url": u.url, "revision": u.revision, "ready": u.ready, "draining": u.draining,
+             "outstanding_requests": u.outstanding_requests, "slots": u.slots}
+            for u in ctl.source.upstreams()
+        ]  # fmt: skip
+        return web.json_response(
+            {"upstreams": ups, "running": ctl.running, "queued": len(ctl.queues)}
+        )
+
+    async def _admin_drain(self, request: web.Request) -> web.Response:
+        """``{"upstream": URL, "drain": true}``: stop (or resume) routing to it; its
+        in-flight requests finish."""
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+            url = str(body["upstream"]).rstrip("/")
+            drain = bool(body.get("drain", True))
+        except (ValueError, KeyError, TypeError):
+            return ClientError(
+                400, 'send {"upstream": URL, "drain": true|false}', param="upstream"
+            ).response()
+        for upstream in self.controller.source.upstreams():
+            if upstream.url == url:
+                upstream.draining = drain
+                self.controller.pump()
+                return web.json_response(
+                    {"upstream": url, "draining": drain,
+                     "outstanding_requests": upstream.outstanding_requests}
+                )  # fmt: skip
+        return ClientError(404, f"no upstream {url!r}", param="upstream").response()
+
+    async def _admin_reload(self, request: web.Request) -> web.Response:
+        """Re-read the config file: tenants, models, admin token and upstreams take effect
+        at once (a removed upstream is drained: its in-flight requests finish); queued and
+        in-flight requests are kept. Policy sections need a restart (reported)."""
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
+        if self.config_path is None:
+            return ClientError(409, "the gateway was not started from a config file").response()
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as error:
+            return ClientError(400, str(error), code="invalid_config").response()
+        if self.pool is not None:
+            try:
+                await self.pool.reconfigure(new)
+            except ConfigError as error:
+                return ClientError(400, str(error), code="invalid_config").response()
+        return web.json_response(self.apply_config(new))
+
+    def apply_config(self, new: GatewayFileConfig) -> dict[str, Any]:
+        """Swap in ``new`` without dropping requests (see :meth:`_admin_reload`)."""
+        old = self.config
+        ctl = self.controller
+        ups = ctl.source.upstreams()
+        by_url = {u.url: u for u in ups}
+        wanted = {u.url.rstrip("/") for u in new.upstreams}
+        added: list[str] = []
+        for upstream in ups if self.pool is None else ():
+            if upstream.url not in wanted:
+                upstream.draining = True
+        for up in new.upstreams if self.pool is None else ():
+            url = up.url.rstrip("/")
+            if url in by_url:
+                state = by_url[url]
+                state.slots = up.slots or new.slots_per_upstream
+                state.revision = up.revision
+                state.draining = False
+            elif isinstance(ups, list):
+                ups.append(
+                    UpstreamState(
+                        url=url, revision=up.revision, slots=up.slots or new.slots_per_upstream,
+                        total_kv_blocks=new.kv_blocks_per_upstream, api_key=up.api_key,
+                    )
+                )  # fmt: skip
+                added.append(url)
+        restart = [
+            name
+            for name in ("admission", "queues", "retries", "preset")
+            if getattr(old, name) != getattr(new, name)
+        ]
+        if (old.pool is None) != (new.pool is None):
+            restart.append("pool")
+        if old.tenants != new.tenants and old.admission_config() != new.admission_config():
+            restart.append("tenant budgets")
+        self.config = new
+        ctl.config = new
+        self.deadlines = DeadlinePolicy(
+            DeadlineConfig(default_budget_s=new.default_deadline_s, max_budget_s=new.max_deadline_s)
+        )
+        ctl.pump()
+        return {"reloaded": True, "added_upstreams": added, "needs_restart": restart}
+
+
+def _shared_budgets(config: GatewayFileConfig, redis_url: str) -> SharedBudgets:
+    """The Redis-shared tenant budgets of ``--redis URL``."""
+    from headway.gateway.shared import SharedBudgets, SharedBudgetsConfig
+
+    try:
+        shared_config = msgspec.convert(
+            {**(config.shared or {}), "redis_url": redis_url}, SharedBudgetsConfig
+        )
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"shared: {error}") from None
+    instance = f"{socket.gethostname()}:{os.getpid()}"
+    return SharedBudgets(shared_config, config.admission_config().tenants, instance)
+
+
+def _stream_usage(tail: bytes) -> int | None:
+    """Completion tokens from the ``usage`` event at the end of a stream, when sent."""
+    at = tail.rfind(b'"usage":{')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data: ", 0, at)
+    end = tail.find(b"\n", at)
+    if start < 0 or end < 0:
+        return None
+    with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+        usage = _USAGE.decode(tail[start + 6 : end]).usage
+        return None if usage is None else usage.completion_tokens
+    return None

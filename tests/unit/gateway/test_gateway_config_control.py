@@ -1,0 +1,169 @@
+"""The gateway's config, its shed-to-status table, the stream usage scan and the
+wall-clock controller (admission, queues, slots, dead queued leases, expiry)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from headway.core.errors import ConfigError
+from headway.core.policy.admission import AdmissionRequest
+from headway.core.policy.decisions import Shed, ShedReason
+from headway.gateway.config import parse_config
+from headway.gateway.control import Controller, Lease
+from headway.gateway.metrics import Registry
+from headway.gateway.server import _stream_usage, status_for
+
+
+def _cfg(**extra: Any) -> dict[str, Any]:
+    return {"upstreams": [{"url": "http://127.0.0.1:9"}], **extra}
+
+
+def test_config_errors_name_the_field_and_fix() -> None:
+    with pytest.raises(ConfigError, match=r"upstreams\[0\].url|http://"):
+        parse_config({"upstreams": [{"url": "localhost:8000"}]})
+    with pytest.raises(ConfigError, match="slots_per_upstream"):
+        parse_config(_cfg(slots_per_upstream=0))
+    with pytest.raises(ConfigError, match=r"\$.tenants.*weight|weight"):
+        parse_config(_cfg(tenants={"k": {"name": "a", "weight": -1}}))
+    with pytest.raises(ConfigError, match="max_priority"):
+        parse_config(_cfg(tenants={"k": {"name": "a", "max_priority": "urgent"}}))
+    with pytest.raises(ConfigError, match=r"unknown_field|Object contains unknown field"):
+        parse_config(_cfg(unknown_field=1))
+    with pytest.raises(ConfigError, match="max_queued_requests"):
+        parse_config(_cfg(queues={"interactive": {"max_queued_requests": -1}}))
+
+
+def test_config_builds_policy_configs_from_tenants() -> None:
+    config = parse_config(
+        _cfg(
+            tenants={
+                "k1": {"name": "a", "weight": 2, "share": 3},
+                "k2": {"name": "b", "share": 1, "max_concurrency": 4},
+            },
+            capacity_tokens_per_s=4000,
+        )
+    )
+    assert config.queue_config().tenant_weights == {"a": 2.0, "b": 1.0}
+    limits = config.admission_config().tenants
+    assert limits["a"].token_rate_per_s == pytest.approx(3000)
+    assert limits["b"].token_rate_per_s == pytest.approx(1000)
+    assert limits["b"].max_concurrency == 4
+
+
+def test_status_table() -> None:
+    assert status_for(ShedReason.QUEUE_FULL) == 429
+    assert status_for(ShedReason.TENANT_TOKEN_RATE) == 429
+    assert status_for(ShedReason.TENANT_CONCURRENCY) == 429
+    assert status_for(ShedReason.DRAINING) == 503
+    assert status_for(ShedReason.KV_PROJECTION) == 503
+    assert status_for(ShedReason.DOWNSTREAM_UNHEALTHY) == 503
+    assert status_for(ShedReason.TOO_LARGE) == 400  # the client's request can never fit
+    assert all(status_for(r) in (400, 429, 503) for r in ShedReason)
+
+
+def test_stream_usage_reads_the_last_event() -> None:
+    tail = (
+        b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert _stream_usage(tail) == 7
+    assert _stream_usage(b'data: {"choices":[]}\n\ndata: [DONE]\n\n') is None
+
+
+def test_metrics_render_prometheus_text() -> None:
+    reg = Registry()
+    c = reg.counter("x_total", "X.", ["reason"])
+    c.inc("a")
+    c.inc("a", amount=2)
+    h = reg.histogram("t_seconds", "T.", (0.1, 1.0), ["up"])
+    h.observe(0.5, "u")
+    text = reg.render()
+    assert 'x_total{reason="a"} 3' in text
+    assert 't_seconds_bucket{up="u",le="1"} 1' in text
+    assert 't_seconds_count{up="u"} 1' in text
+
+
+def _request(tenant: str = "a", **extra: Any) -> AdmissionRequest:
+    return AdmissionRequest(tenant=tenant, prompt_tokens=10, p95_output_tokens=10, **extra)
+
+
+def test_controller_admits_queues_skips_dead_and_expires() -> None:
+    config = parse_config(_cfg(slots_per_upstream=1, queues={"critical_reserved_slots": 0}))
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        first = ctl.offer(_request())
+        assert isinstance(first, Lease) and first.upstream is not None
+        queued = ctl.offer(_request())
+        assert isinstance(queued, Lease) and queued.upstream is None
+        behind = ctl.offer(_request("b"))
+        assert isinstance(behind, Lease) and behind.upstream is None
+        # The first queued client goes away: its lease is skipped, never dispatched.
+        ctl.release(queued, unused_tokens=queued.cost_tokens)
+        ctl.release(first, completed=True)
+        assert behind.ready.done() and behind.upstream is not None
+        assert ctl.skipped_dead == 1
+        assert ctl.running["interactive"] == 1
+        # A queued request with a deadline expires with EXPIRED, never sent.
+        late = ctl.offer(_request(deadline_s=ctl.now() + 0.02))
+        assert isinstance(late, Lease)
+        outcome = await asyncio.wait_for(late.ready, 1.0)
+        assert isinstance(outcome, Shed) and outcome.reason is ShedReason.EXPIRED
+        ctl.release(late)
+        ctl.release(behind, completed=True)
+        assert ctl.running["interactive"] == 0
+        assert sum(ctl.in_flight.values()) == 0
+        assert ctl.source.upstreams()[0].outstanding_requests == 0
+
+    asyncio.run(scenario())
+
+
+def test_controller_reroutes_and_drain_shrinks_slots() -> None:
+    config = parse_config(
+        {
+            "upstreams": [{"url": "http://127.0.0.1:9"}, {"url": "http://127.0.0.1:10"}],
+            "slots_per_upstream": 2,
+            "queues": {"critical_reserved_slots": 0},
+        }
+    )
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        lease = ctl.offer(_request())
+        assert isinstance(lease, Lease) and lease.upstream is not None
+        first = lease.upstream
+        moved = ctl.reroute(lease)
+        assert moved is not None and moved is not first
+        assert first.outstanding_requests == 0 and moved.outstanding_requests == 1
+        assert ctl.reroute(lease) is None  # both tried
+        moved.draining = True
+        assert ctl.total_slots() == 2
+        ctl.release(lease, completed=True)
+        assert moved.outstanding_requests == 0
+
+    asyncio.run(scenario())
+
+
+def test_infeasible_deadline_is_refused_at_arrival_in_under_a_millisecond() -> None:
+    config = parse_config(_cfg(tpot_s=0.01, prefill_tokens_per_s=10_000.0))
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        ctl.offer(_request())  # warm the code path
+        start = time.perf_counter()
+        request = AdmissionRequest(
+            tenant="a", prompt_tokens=10, p95_output_tokens=1000, max_tokens=1000,
+            deadline_s=ctl.now() + 1.0,
+        )  # fmt: skip
+        shed = ctl.offer(request)
+        elapsed_s = time.perf_counter() - start
+        assert isinstance(shed, Shed) and shed.reason is ShedReason.DEADLINE_UNMEETABLE
+        assert shed.retry_after_s is None  # a fixed deadline: no retry can help
+        assert elapsed_s < 0.05  # generous on a shared machine; the benchmark times it
+
+    asyncio.run(scenario())

@@ -37,6 +37,9 @@ from headway.core.workload import arrivals as arrival_processes
 from headway.core.workload import distributions
 from headway.core.workload.spec import (
     PRIORITIES,
+    Arrivals,
+    OnOff,
+    Schedule,
     Service,
     Source,
     TaskClass,
@@ -523,6 +526,7 @@ def compile_workload(
     duration_s = spec.duration_s if duration_s is None else duration_s
     if not duration_s > 0:
         raise WorkloadError(f"duration_s must be > 0 (got {duration_s})", path="$.duration_s")
+    check_size(spec, duration_s)
     class_names = tuple(spec.classes)
     tenant_names = tuple(spec.tenants)
     route_names = tuple(spec.routes)
@@ -593,3 +597,46 @@ def compile_workload(
         call_prefix_row=cat_calls("trace_row").astype(np.int64),
         prefix_hash_ids=tuple(ids for p in parts for ids in p.prefix_hash_ids),
     )
+
+
+MAX_EXPECTED_CALLS = 20_000_000
+"""The most calls one run may be expected to compile to (a million take about 0.9 GB)."""
+
+
+def _peak_rate_per_s(arrivals: Arrivals) -> float:
+    """The highest nominal rate of a rate-based process, bursts included (0 for a trace:
+    its rows bound it)."""
+    if isinstance(arrivals, TraceReplay):
+        return 0.0
+    if isinstance(arrivals, Schedule):
+        rate = max(step.rate_per_s for step in arrivals.steps)
+    elif isinstance(arrivals, OnOff):
+        rate = max(arrivals.on_rate_per_s, arrivals.off_rate_per_s)
+    else:
+        rate = arrivals.rate_per_s
+    for burst in arrivals.bursts:
+        rate = max(rate, burst.rate_per_s or 0.0, rate * (burst.multiplier or 1.0))
+        rate += burst.add_rate_per_s or 0.0
+    return rate
+
+
+def check_size(spec: WorkloadSpec, duration_s: float) -> None:
+    """Refuse, before allocating anything, a run expected to exceed
+    :data:`MAX_EXPECTED_CALLS` (rates × duration × calls per task)."""
+    calls_per_task = max(
+        (
+            max(distributions.mean(c.calls), 1.0) * c.parallel_branches
+            for c in spec.classes.values()
+        ),
+        default=1.0,
+    )
+    expected = sum(_peak_rate_per_s(s.arrivals) for s in spec.sources) * duration_s
+    expected *= calls_per_task
+    if not expected <= MAX_EXPECTED_CALLS:  # also catches NaN and infinity
+        raise WorkloadError(
+            f"$.duration_s: the workload would compile to about {expected:.3g} calls "
+            f"(peak rates × duration_s {duration_s:g} × up to {calls_per_task:g} calls per "
+            f"task); one run holds at most {MAX_EXPECTED_CALLS:,}. Shorten duration_s or "
+            "lower the rates (sweep load factors instead of one huge run)",
+            path="$.duration_s",
+        )

@@ -367,11 +367,12 @@ def obedience(seconds: float) -> dict[str, Any]:
             "retry_after_retries": retried}  # fmt: skip
 
 
-def fairness(seconds: float) -> dict[str, Any]:
+def fairness(seconds: float, headroom: float | None = 1.0) -> dict[str, Any]:
     """A tenant at 10× the light tenant's rate (together 3× the engine's capacity): the
     light tenant's TTFT p99 with the heavy one, over its TTFT p99 alone. The tenants have
     equal shares of the planned capacity (token budgets), so the heavy one is refused
-    beyond its share instead of filling every slot."""
+    beyond its share, and equal slot shares (``tenant_slot_headroom``; None: off), so its
+    admitted requests cannot fill every slot."""
     seqs, tokens = 8, 32
     chat = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": tokens, "stream": True}  # fmt: skip
@@ -387,7 +388,7 @@ def fairness(seconds: float) -> dict[str, Any]:
             emu.url, slots_per_upstream=seqs, capacity_tokens_per_s=capacity_per_s * cost,
             queues={"critical_reserved_slots": 0, "max_queued_per_tenant": seqs // 2,
                     "interactive": {"max_queued_requests": seqs}},
-            tenants=tenants,
+            tenants=tenants, tenant_slot_headroom=headroom,
         )  # fmt: skip
         with GatewayProcess(config, prefix=_pin(1)) as gw:
             url = f"{gw.url}/v1/chat/completions"
@@ -442,7 +443,7 @@ def fairness(seconds: float) -> dict[str, Any]:
     p_mixed = float(np.percentile(mixed, 99))
     return {"light_ttft_p99_alone_ms": p_alone * 1000, "light_ttft_p99_mixed_ms": p_mixed * 1000,
             "light_ttft_p99_increase": p_mixed / p_alone - 1,
-            "light_answered": [len(alone), len(mixed)],
+            "light_answered": [len(alone), len(mixed)], "light_slot_headroom": headroom,
             "fairness_capacity_per_s": capacity_per_s}  # fmt: skip
 
 
@@ -513,7 +514,21 @@ def main() -> int:
     parser.add_argument("--disconnect-rounds", type=int, default=6)
     phases = "litellm, overload, obedience, fairness, disconnect"
     parser.add_argument("--skip", action="append", default=[], help=f"skip: {phases}")
+    parser.add_argument(
+        "--only-fairness",
+        action="store_true",
+        help="run only the fairness phase and print its JSON",
+    )
+    parser.add_argument(
+        "--slot-headroom",
+        default="1.0",
+        help="tenant_slot_headroom of the fairness phase ('none': no cap)",
+    )
     args = parser.parse_args()
+    headroom = None if args.slot_headroom.lower() == "none" else float(args.slot_headroom)
+    if args.only_fairness:
+        print(json.dumps(fairness(args.overload_seconds, headroom)))
+        return 0
     result: dict[str, Any] = overhead(args.requests)
     print(json.dumps(result))
     if "litellm" in args.skip:
@@ -532,7 +547,7 @@ def main() -> int:
         result.update(obedience(args.overload_seconds))
         print(json.dumps({k: v for k, v in result.items() if k.startswith("retry_after")}))
     if "fairness" not in args.skip:
-        result.update(fairness(args.overload_seconds))
+        result.update(fairness(args.overload_seconds, headroom))
         print(json.dumps({k: v for k, v in result.items() if k.startswith("light")}))
     if "disconnect" in args.skip:
         result["disconnect_freed_fraction"] = None

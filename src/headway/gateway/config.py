@@ -180,6 +180,18 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     connect_timeout_s: float = 5.0
     """Connecting to an upstream; past it the attempt fails (and may be retried)."""
 
+    tenant_slot_headroom: float | None = 1.0
+    """Per-tenant dispatch-slot share: while other tenants are active, a tenant holds at
+    most ``ceil(its share / the active tenants' shares × ready slots × this)`` dispatched
+    requests (its share: ``share`` when > 0, else ``weight``), so a light tenant always
+    finds a slot beside a flood. Alone, a tenant may take every slot (work-conserving).
+    Above 1 lends idle slots to the busy tenant at the cost of the light one's wait.
+    None: no per-tenant cap."""
+
+    tenant_active_s: float = 2.0
+    """A tenant counts as active (holds its slot share against the others) while it has
+    requests queued or in flight, and this long after its last request arrived."""
+
     def __post_init__(self) -> None:
         if not self.upstreams:
             raise ValueError("upstreams must list at least one engine, e.g. - url: http://...")
@@ -198,6 +210,13 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
                             ("prefill_tokens_per_s", self.prefill_tokens_per_s)):  # fmt: skip
             if speed is not None and not (math.isfinite(speed) and speed > 0):
                 raise ValueError(f"{name} must be > 0 (got {speed}); or null for unknown")
+        headroom = self.tenant_slot_headroom
+        if headroom is not None and not (math.isfinite(headroom) and headroom > 0):
+            raise ValueError(
+                f"tenant_slot_headroom must be > 0 (got {headroom}); use 1, or null for no cap"
+            )
+        if not (math.isfinite(self.tenant_active_s) and self.tenant_active_s >= 0):
+            raise ValueError(f"tenant_active_s must be >= 0 (got {self.tenant_active_s}); use 2")
         reserved = self.queue_config().critical_reserved_slots
         for up in self.upstreams:
             if (up.slots or self.slots_per_upstream) * len(self.upstreams) <= reserved:

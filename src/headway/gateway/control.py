@@ -14,6 +14,11 @@ was dispatched to (at once when admitted; when a slot frees when enqueued) or to
 request. A queued lease whose client went away is marked dead and skipped when popped:
 it never reaches an upstream and never holds a slot.
 
+Slot shares (``tenant_slot_headroom``): while two or more tenants are active, a tenant
+holds at most its share of the ready slots (:meth:`Controller.slot_caps`); at its cap its
+requests are queued and passed over by the queues' ``eligible`` hook without losing their
+place, so a light tenant finds a slot beside a flood. Alone, a tenant takes every slot.
+
 Seams for the upstream pool and shared budgets: :class:`UpstreamSource` (the pool's
 ready upstreams) and :class:`BudgetSeam` (a shared tenant budget checked before the
 local policy); the defaults are the config's static list and local-only budgets.
@@ -22,6 +27,7 @@ local policy); the defaults are the config's static list and local-only budgets.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -156,6 +162,12 @@ class Controller:
         self._completions: dict[str, WindowCounter] = {}
         self.expired = 0
         self.skipped_dead = 0
+        self.dispatched_by: dict[str, int] = {}
+        """Dispatched (slot-holding) requests per tenant, for the slot shares."""
+        self._last_seen: dict[str, float] = {}
+        self.capped = 0
+        """Requests admission would have dispatched at once, queued instead because their
+        tenant held its slot share (those already queued are passed over in :meth:`pump`)."""
 
     def _state(self, index: int) -> UpstreamState:
         up = self.config.upstreams[index]
@@ -235,11 +247,54 @@ class Controller:
         counter = self._completions.get(tenant)
         return 0.0 if counter is None else counter.rate_per_s(now)
 
+    @property
+    def config(self) -> GatewayFileConfig:
+        """The gateway's config (a reload swaps it; the slot shares follow)."""
+        return self._config
+
+    @config.setter
+    def config(self, config: GatewayFileConfig) -> None:
+        self._config = config
+        self._slot_shares = {
+            t.name: t.share if t.share > 0 else t.weight for t in config.tenants.values()
+        }
+
+    # -- per-tenant slot shares -------------------------------------------------------------
+
+    def _slot_share(self, tenant: str) -> float:
+        share = self._slot_shares.get(tenant)
+        return self.queues.config.weight(tenant) if share is None else share
+
+    def slot_caps(self, now: float, total: int) -> dict[str, int] | None:
+        """Most slots each active tenant may hold now (None: no cap applies: the headroom
+        is off, or fewer than two tenants are active)."""
+        headroom = self.config.tenant_slot_headroom
+        if headroom is None:
+            return None
+        window = self.config.tenant_active_s
+        active = {t for t, n in self.in_flight.items() if n > 0}
+        stale = []
+        for t, seen in self._last_seen.items():
+            if now - seen <= window:
+                active.add(t)
+            elif t not in active:
+                stale.append(t)
+        for t in stale:
+            del self._last_seen[t]
+        if len(active) < 2:
+            return None
+        shares = {t: self._slot_share(t) for t in active}
+        whole = sum(shares.values())
+        if whole <= 0:
+            return None
+        return {t: max(1, math.ceil(s / whole * total * headroom)) for t, s in shares.items()}
+
     # -- offer / dispatch / release --------------------------------------------------------
 
     def offer(self, request: AdmissionRequest, revision: str | None = None) -> Shed | Lease:
         """Decide on one request now: a shed, or a lease (dispatched or queued)."""
         now = self.now()
+        self._last_seen[request.tenant] = now
         if self.budgets is not None:
             refused = self.budgets.check(now, request.tenant, request.cost_tokens)
             if refused is not None:
@@ -259,7 +314,11 @@ class Controller:
             ready=loop.create_future(),
         )
         if isinstance(decision, Admit):
-            index = self._route(now, lease)
+            caps = self.slot_caps(now, self.total_slots())
+            held = self.dispatched_by.get(request.tenant, 0)
+            capped = caps is not None and held >= caps.get(request.tenant, 1)
+            index = None if capped else self._route(now, lease)
+            self.capped += capped
             if index is not None:
                 self._dispatch(lease, self.source.upstreams()[index])
                 self._count_in(request.tenant)
@@ -284,6 +343,9 @@ class Controller:
         if request.deadline_s is not None:
             delay = max(request.deadline_s - now, 0.0)
             lease.timer = loop.call_later(delay + 0.001, self.expire)
+        if self.config.tenant_slot_headroom is not None:
+            # Slots may be free while a capped tenant's requests wait ahead of this one.
+            self.pump()
         return lease
 
     def _count_in(self, tenant: str) -> None:
@@ -297,6 +359,7 @@ class Controller:
 
     def _dispatch(self, lease: Lease, upstream: UpstreamState) -> None:
         self.running[lease.band] += 1
+        self.dispatched_by[lease.tenant] = self.dispatched_by.get(lease.tenant, 0) + 1
         lease.upstream = upstream
         upstream.outstanding_requests += 1
         upstream.outstanding_tokens += lease.cost_tokens
@@ -343,6 +406,7 @@ class Controller:
         if lease.upstream is not None:
             self._unload(lease)
             self.running[lease.band] -= 1
+            self.dispatched_by[lease.tenant] -= 1
         else:
             lease.dead = True  # still queued: skipped when popped
         self.in_flight[lease.tenant] -= 1
@@ -367,10 +431,18 @@ class Controller:
         if total <= self.queues.config.critical_reserved_slots:
             self.expire()
             return
+        caps = self.slot_caps(now, total)
+        held = self.dispatched_by
+
+        def eligible(tenant: str) -> bool:
+            assert caps is not None
+            return held.get(tenant, 0) < caps.get(tenant, 1)
+
         while True:
             got: Queued[Lease] | None = self.queues.try_pop(
-                now, total_slots=total, running=self.running
-            )
+                now, total_slots=total, running=self.running,
+                eligible=None if caps is None else eligible,
+            )  # fmt: skip
             if got is None:
                 break
             lease = got.item

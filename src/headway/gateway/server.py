@@ -299,7 +299,17 @@ class GatewayServer:
             TTFT_BUCKETS_S,
             ["upstream"],
         )
+        self.m_queue_wait = reg.histogram(
+            "headway_gateway_queue_wait_seconds",
+            "Time from arrival to dispatch of a dispatched request, by tenant (0 when a slot "
+            "was free at once).",
+            TTFT_BUCKETS_S,
+            ["tenant"],
+        )
         ctl = self.controller
+
+        def dispatched() -> list[tuple[tuple[str, ...], float]]:
+            return [((t,), float(n)) for t, n in ctl.dispatched_by.items()]
 
         def depth_band() -> list[tuple[tuple[str, ...], float]]:
             bands, _ = ctl.queued_by(ctl.now())
@@ -323,6 +333,13 @@ class GatewayServer:
                   ["band"], depth_band)  # fmt: skip
         reg.gauge("headway_gateway_tenant_queue_depth_requests", "Requests waiting, by tenant.",
                   ["tenant"], depth_tenant)  # fmt: skip
+        reg.gauge("headway_gateway_tenant_dispatched_requests",
+                  "Requests holding a dispatch slot, by tenant (capped by its slot share "
+                  "while others are active).", ["tenant"], dispatched)  # fmt: skip
+        reg.gauge("headway_gateway_slot_share_holds", "Requests that admission would have "
+                  "dispatched at once, queued because their tenant held its slot share "
+                  "(a counter).", [],
+                  lambda: [((), float(ctl.capped))])  # fmt: skip
         reg.gauge("headway_gateway_retry_budget_left", "Retries the budget still allows now.",
                   [], budget)  # fmt: skip
         reg.gauge("headway_gateway_upstream_outstanding_requests",
@@ -482,11 +499,14 @@ class GatewayServer:
         try:
             if lease.upstream is None:
                 self.m_admitted.inc("enqueue", parsed.band)
+                queued_at = time.monotonic()
                 outcome = await lease.ready
                 if isinstance(outcome, Shed):
                     return self._shed_response(outcome)
+                self.m_queue_wait.observe(time.monotonic() - queued_at, parsed.tenant_name)
             else:
                 self.m_admitted.inc("admit", parsed.band)
+                self.m_queue_wait.observe(0.0, parsed.tenant_name)
             stage = "in_flight"
             response, completion_tokens, completed = await self._relay(request, parsed, lease, path)
             return response

@@ -167,3 +167,40 @@ def test_infeasible_deadline_is_refused_at_arrival_in_under_a_millisecond() -> N
         assert elapsed_s < 0.05  # generous on a shared machine; the benchmark times it
 
     asyncio.run(scenario())
+
+
+def test_slot_shares_cap_a_busy_tenant_only_while_another_is_active() -> None:
+    """Alone a tenant takes every slot; once another is active it holds at most its share
+    (shares 3:1 of 4 slots: 3 and 1), and the other's request is dispatched at once."""
+    with pytest.raises(ConfigError, match="tenant_slot_headroom"):
+        parse_config(_cfg(tenant_slot_headroom=0))
+    config = parse_config(
+        _cfg(
+            slots_per_upstream=4,
+            queues={"critical_reserved_slots": 0},
+            tenants={"kh": {"name": "heavy", "share": 3}, "kl": {"name": "light"}},
+        )
+    )
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        alone = [ctl.offer(_request("heavy")) for _ in range(4)]
+        assert all(isinstance(x, Lease) and x.upstream is not None for x in alone)
+        assert ctl.slot_caps(ctl.now(), 4) is None  # work-conserving while alone
+        light = ctl.offer(_request("light"))  # every slot is taken: it waits ...
+        assert isinstance(light, Lease) and light.upstream is None
+        assert ctl.slot_caps(ctl.now(), 4) == {"heavy": 3, "light": 1}
+        more = ctl.offer(_request("heavy"))  # queued behind
+        assert isinstance(more, Lease) and more.upstream is None
+        ctl.release(alone[0], completed=True)  # ... and takes the first freed slot
+        assert light.upstream is not None and more.upstream is None
+        ctl.release(light, completed=True)  # heavy is at 3 = its cap while light is active
+        assert more.upstream is None
+        assert ctl.dispatched_by == {"heavy": 3, "light": 0}
+        second = ctl.offer(_request("light"))  # a free slot: dispatched at once
+        assert isinstance(second, Lease) and second.upstream is not None
+        for lease in (*alone[1:], second, more):
+            ctl.release(lease, completed=True)
+        assert sum(ctl.dispatched_by.values()) == 0
+
+    asyncio.run(scenario())

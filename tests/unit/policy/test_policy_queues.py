@@ -347,3 +347,40 @@ def test_token_aware_dispatch_holds_the_chosen_request_without_overtaking() -> N
     first = queues.try_pop(2.0, total_slots=10, running={}, fits=lambda q: True)
     second = queues.try_pop(2.0, total_slots=10, running={}, fits=lambda q: True)
     assert (first and first.item, second and second.item) == ("large", "small")
+
+
+def test_an_ineligible_tenant_is_passed_over_without_losing_its_place() -> None:
+    """`eligible` (per-tenant slot caps): a tenant it rejects does not block the others,
+    even when it is the fair order's pick, and keeps its place (FIFO, tags) for later."""
+    queues: PriorityQueues[str] = PriorityQueues(_config())
+    for i in range(3):
+        queues.push(0.0, f"heavy{i}", band="interactive", tenant="heavy", cost_tokens=10)
+    queues.push(0.5, "light0", band="interactive", tenant="light", cost_tokens=10)
+    queues.push(0.6, "light1", band="interactive", tenant="light", cost_tokens=10)
+    # Without a cap the fair order picks heavy first (equal tags, earlier push).
+    first = _pop_free(queues, 1.0)
+    assert first is not None and first.item == "heavy0"
+
+    def not_heavy(tenant: str) -> bool:
+        return tenant != "heavy"
+
+    got = [queues.try_pop(1.0, total_slots=1000, running={}, eligible=not_heavy) for _ in range(3)]
+    assert [g and g.item for g in got] == ["light0", "light1", None]
+    assert queues.statistics(1.0).tenants["heavy"].queued_requests == 2
+    rest = [_pop_free(queues, 2.0) for _ in range(3)]
+    assert [g and g.item for g in rest] == ["heavy1", "heavy2", None]
+
+
+def test_an_ineligible_tenant_is_passed_over_by_ageing_too() -> None:
+    """The aged (oldest) pick also skips a rejected tenant: the eligible one's old request
+    competes one band up, ahead of fresh interactive work."""
+    queues = PriorityQueues[str](
+        _config(background=BandConfig(max_queued_requests=10, max_wait_s=1.0))
+    )
+    queues.push(0.0, "capped-old", band="background", tenant="capped", cost_tokens=1)
+    queues.push(0.5, "free-old", band="background", tenant="free", cost_tokens=1)
+    queues.push(10.0, "fresh", band="interactive", tenant="user", cost_tokens=1)
+    got = queues.try_pop(
+        10.0, total_slots=100, running={}, eligible=lambda tenant: tenant != "capped"
+    )
+    assert got is not None and got.item == "free-old"

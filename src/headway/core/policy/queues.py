@@ -453,6 +453,32 @@ class _BandQueue(Generic[T]):
         by push time)."""
         return self._peek(self.oldest_heap)
 
+    def _among(
+        self, head: _Entry[T] | None, eligible: Callable[[str], bool], key: int
+    ) -> _Entry[T] | None:
+        """``head`` when its tenant is eligible, else the eligible tenants' head with the
+        smallest key (0: start tag, 1: enqueue time; a scan of the tenants' heads)."""
+        if head is None or eligible(head.queued.tenant):
+            return head
+        best: _Entry[T] | None = None
+        best_key: tuple[float, int] | None = None
+        for tenant, fifo in self.fifos.items():
+            if not eligible(tenant):
+                continue
+            entry = fifo[0]
+            k = (entry.start_tag if key == 0 else entry.queued.enqueued_s, entry.seq)
+            if best_key is None or k < best_key:
+                best, best_key = entry, k
+        return best
+
+    def next_fair_among(self, eligible: Callable[[str], bool]) -> _Entry[T] | None:
+        """:meth:`next_fair` among the tenants ``eligible`` accepts."""
+        return self._among(self.next_fair(), eligible, 0)
+
+    def oldest_among(self, eligible: Callable[[str], bool]) -> _Entry[T] | None:
+        """:meth:`oldest` among the tenants ``eligible`` accepts."""
+        return self._among(self.oldest(), eligible, 1)
+
     def serve(self, entry: _Entry[T]) -> None:
         """Dispatch ``entry``, the head of its tenant's FIFO; charge the tenant."""
         tenant = entry.queued.tenant
@@ -662,6 +688,7 @@ class PriorityQueues(Generic[T]):
         total_slots: int,
         running: Mapping[str, int],
         fits: Callable[[Queued[T]], bool] | None = None,
+        eligible: Callable[[str], bool] | None = None,
     ) -> Queued[T] | None:
         """The next request to dispatch now, or None when nothing may go.
 
@@ -671,6 +698,10 @@ class PriorityQueues(Generic[T]):
         request the order picks does not fit the engine now (``fits`` returns False), it
         stays at its place and nothing is dispatched: no other request overtakes it, so a
         large request is delayed, never starved.
+
+        ``eligible`` is a per-tenant dispatch cap (the gateway's slot shares): a tenant it
+        rejects is passed over as if its requests were not queued (they keep their place
+        and their fair-queuing tags), so a tenant at its cap never blocks the others.
         """
         self._touch(now)
         self._check_slots(total_slots)
@@ -684,7 +715,7 @@ class PriorityQueues(Generic[T]):
             if self.free_slots(band, total_slots=total_slots, running=running) <= 0:
                 continue
             max_wait_s = self.config.band(band).max_wait_s
-            oldest = queue.oldest()
+            oldest = queue.oldest() if eligible is None else queue.oldest_among(eligible)
             if max_wait_s is not None and oldest is not None:
                 steps = math.floor((now - oldest.queued.enqueued_s) / max_wait_s)
                 effective = max(0, level - steps)
@@ -692,7 +723,7 @@ class PriorityQueues(Generic[T]):
                     key = (effective, 0, oldest.queued.enqueued_s, oldest.seq)
                     if best is None or key < best:
                         best, chosen = key, (band, oldest)
-            head = queue.next_fair()
+            head = queue.next_fair() if eligible is None else queue.next_fair_among(eligible)
             if head is not None:
                 key = (level, 1, 0.0, 0)
                 if best is None or key < best:

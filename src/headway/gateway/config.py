@@ -192,6 +192,15 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """A tenant counts as active (holds its slot share against the others) while it has
     requests queued or in flight, and this long after its last request arrived."""
 
+    access_log: str | None = None
+    """One JSON line per finished request on the ``headway.gateway.access`` logger, written
+    by the gateway to this file (``-``: stderr) from a background thread. None: the gateway
+    adds no handler (the logger still emits to whatever the host configured)."""
+
+    log_content: bool = False
+    """Put the request body and the answer's text into access-log lines and spans. Off:
+    neither ever carries prompt or completion text."""
+
     def __post_init__(self) -> None:
         if not self.upstreams:
             raise ValueError("upstreams must list at least one engine, e.g. - url: http://...")

@@ -41,6 +41,7 @@ from headway.core.policy.retries import AttemptOutcome, FailureKind, GiveUp
 from headway.gateway.config import GatewayFileConfig, TenantConfig, load_config
 from headway.gateway.control import Controller, Lease, UpstreamState
 from headway.gateway.metrics import TTFT_BUCKETS_S, Registry
+from headway.gateway.ops import AccessLog, RequestRecord, finish, next_request_id, tracer
 from headway.gateway.pooled import PoolSource
 
 if TYPE_CHECKING:
@@ -177,6 +178,9 @@ class GatewayServer:
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.host = "127.0.0.1"
+        self.tracer = tracer()
+        """Where ``gateway.request`` spans go (the global provider's; settable)."""
+        self.access = AccessLog(config.access_log) if config.access_log else None
         self._setup_metrics()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/completions", self._completions)
@@ -202,6 +206,8 @@ class GatewayServer:
             self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0
         )
         await self.runner.setup()
+        if self.access is not None:
+            self.access.start()
         if self.pool is not None:
             await self.pool.start()
         if self.shared is not None:
@@ -225,6 +231,8 @@ class GatewayServer:
             await self.shared.stop()
         for session in self.sessions.values():
             await session.close()
+        if self.access is not None:
+            self.access.stop()
 
     def _session(self, upstream: UpstreamState) -> aiohttp.ClientSession:
         session = self.sessions.get(upstream.url)
@@ -445,9 +453,12 @@ class GatewayServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat", "/v1/chat/completions")
 
-    def _shed_response(self, shed: Shed) -> web.Response:
+    def _shed_response(self, shed: Shed, record: RequestRecord) -> web.Response:
         status = status_for(shed.reason)
         self.m_shed.inc(shed.reason.value, str(status))
+        record.admission = "shed"
+        record.shed_reason = shed.reason.value
+        record.retry_after_s = shed.retry_after_s
         headers = {REASON_HEADER: shed.reason.value}
         if shed.retry_after_s is not None and status != 400:
             headers["Retry-After"] = str(math.ceil(shed.retry_after_s))
@@ -468,6 +479,25 @@ class GatewayServer:
         return web.json_response(body, status=status, headers=headers)
 
     async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
+        record = RequestRecord(
+            request.headers.get("x-request-id") or next_request_id(), path, time.monotonic()
+        )
+        try:
+            response = await self._generate_recorded(request, kind, path, record)
+            record.status = response.status
+            return response
+        except asyncio.CancelledError:
+            record.cancelled = True
+            record.status = 499
+            raise
+        finally:
+            if record.status == 0:
+                record.status = 500
+            finish(record, self.tracer)
+
+    async def _generate_recorded(
+        self, request: web.Request, kind: str, path: str, record: RequestRecord
+    ) -> web.StreamResponse:
         raw = await request.read()
         try:
             parsed = self._parse(request, raw, kind)
@@ -477,6 +507,13 @@ class GatewayServer:
         body = parsed.body
         ctl = self.controller
         self.m_offered.inc(parsed.tenant_name)
+        record.tenant = parsed.tenant_name
+        record.band = parsed.band
+        record.model = body.model
+        record.stream = body.stream
+        if self.config.log_content:
+            record.prompt = raw
+            record.completion = []
         max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
         admission = AdmissionRequest(
             tenant=parsed.tenant_name,
@@ -488,9 +525,10 @@ class GatewayServer:
             ticket=parsed.ticket,
         )
         ctl.retries.record_request(ctl.now())
+        record.tokens_in = admission.prompt_tokens
         got = ctl.offer(admission)
         if isinstance(got, Shed):
-            return self._shed_response(got)
+            return self._shed_response(got, record)
         lease = got
         planned = admission.planned_output_tokens
         completion_tokens: int | None = None
@@ -499,22 +537,29 @@ class GatewayServer:
         try:
             if lease.upstream is None:
                 self.m_admitted.inc("enqueue", parsed.band)
+                record.admission = "enqueue"
                 queued_at = time.monotonic()
                 outcome = await lease.ready
                 if isinstance(outcome, Shed):
-                    return self._shed_response(outcome)
-                self.m_queue_wait.observe(time.monotonic() - queued_at, parsed.tenant_name)
+                    return self._shed_response(outcome, record)
+                record.dispatched_s = time.monotonic()
+                self.m_queue_wait.observe(record.dispatched_s - queued_at, parsed.tenant_name)
             else:
                 self.m_admitted.inc("admit", parsed.band)
+                record.admission = "admit"
+                record.dispatched_s = time.monotonic()
                 self.m_queue_wait.observe(0.0, parsed.tenant_name)
             stage = "in_flight"
-            response, completion_tokens, completed = await self._relay(request, parsed, lease, path)
+            response, completion_tokens, completed = await self._relay(
+                request, parsed, lease, path, record
+            )
             return response
         except asyncio.CancelledError:
             self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
             raise
         finally:
             unused = lease.cost_tokens if not completed else 0
+            record.tokens_out = completion_tokens
             if completed:
                 self.m_completed.inc(parsed.tenant_name)
                 if completion_tokens is not None:
@@ -525,7 +570,7 @@ class GatewayServer:
             ctl.release(lease, completed=completed, unused_tokens=unused)
 
     async def _relay(
-        self, request: web.Request, parsed: _Parsed, lease: Lease, path: str
+        self, request: web.Request, parsed: _Parsed, lease: Lease, path: str, record: RequestRecord
     ) -> tuple[web.StreamResponse, int | None, bool]:
         """Send to the lease's upstream, retrying on another before the first byte."""
         ctl = self.controller
@@ -533,7 +578,9 @@ class GatewayServer:
         while True:
             upstream = lease.upstream
             assert upstream is not None
-            started = time.monotonic()
+            record.attempt_started_s = time.monotonic()
+            record.upstream = upstream.url
+            record.revision = upstream.revision
             failure = FailureKind.CONNECT_ERROR
             last: tuple[int, bytes, str | None] = (502, b"", None)
             upstream_retry_after: float | None = None
@@ -559,7 +606,7 @@ class GatewayServer:
                     last = (resp.status, error_body, resp.headers.get("Content-Type"))
                 else:
                     try:
-                        return await self._answer(request, parsed, upstream, resp, started)
+                        return await self._answer(request, parsed, upstream, resp, record)
                     except _Unanswered:
                         failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
                         last = (502, _UPSTREAM_FAILED, "application/json")
@@ -600,6 +647,7 @@ class GatewayServer:
                 return out, None, False
             assert not isinstance(decision, GiveUp)
             self.m_retries.inc()
+            record.retries += 1
             if decision.delay_s > 0:
                 await asyncio.sleep(decision.delay_s)
             attempt += 1
@@ -610,8 +658,10 @@ class GatewayServer:
         parsed: _Parsed,
         upstream: UpstreamState,
         resp: aiohttp.ClientResponse,
-        started: float,
+        record: RequestRecord,
     ) -> tuple[web.StreamResponse, int | None, bool]:
+        started = record.attempt_started_s or 0.0
+        kept = record.completion
         ok = 200 <= resp.status < 300
         ctype = resp.headers.get("Content-Type", "application/json")
         if not parsed.body.stream or not ok or not ctype.startswith("text/event-stream"):
@@ -619,7 +669,10 @@ class GatewayServer:
                 data = await resp.read()
             except (aiohttp.ClientError, OSError) as error:
                 raise _Unanswered from error
-            self.m_ttft.observe(time.monotonic() - started, upstream.url)
+            record.first_byte_s = now = time.monotonic()
+            self.m_ttft.observe(now - started, upstream.url)
+            if kept is not None:
+                kept.append(data)
             whole = web.Response(body=data, status=resp.status)
             whole.headers["Content-Type"] = ctype
             tokens = None
@@ -627,6 +680,8 @@ class GatewayServer:
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                     usage = _USAGE.decode(data).usage
                     tokens = None if usage is None else usage.completion_tokens
+                    if usage is not None and usage.prompt_tokens:
+                        record.tokens_in = usage.prompt_tokens
             return whole, tokens, ok
         out = web.StreamResponse(status=resp.status)
         out.headers["Content-Type"] = ctype
@@ -637,13 +692,18 @@ class GatewayServer:
         try:
             async for chunk in resp.content.iter_any():
                 if first:
-                    self.m_ttft.observe(time.monotonic() - started, upstream.url)
+                    record.first_byte_s = now = time.monotonic()
+                    self.m_ttft.observe(now - started, upstream.url)
                     first = False
+                record.chunks += 1
+                if kept is not None:
+                    kept.append(chunk)
                 await out.write(chunk)
                 tail = tail[-2048:] + chunk if len(chunk) < 4096 else chunk[-4096:]
             await out.write_eof()
         except ConnectionResetError:  # the client went away between two events
             self.m_cancelled.inc("in_flight", "stream")
+            record.cancelled = True
             return out, None, False
         except (aiohttp.ClientError, OSError) as error:
             # The upstream failed mid-stream: the client has part of an answer, so no

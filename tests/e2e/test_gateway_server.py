@@ -43,6 +43,17 @@ def _value(text: str, name: str, labels: str = "") -> float:
     return sum(float(v) for v in found)
 
 
+def _settled(url: str, name: str, labels: str, expected: float) -> float:
+    """The metric once it reaches ``expected`` (a handler counts a request as it returns,
+    just after its client saw the end): polled for up to 5 s, then returned as it is."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        value = _value(_metrics(url), name, labels)
+        if value == expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
 def _busy(emulator: str) -> float:
     text = _metrics(emulator)
     return _value(text, "vllm:num_requests_running") + _value(text, "vllm:num_requests_waiting")
@@ -264,10 +275,10 @@ def test_overload_sheds_with_retry_after_and_the_ticket_is_honoured(slow: str) -
             assert retry.status_code == 200
             for f in busy:
                 f.result()
+        assert _settled(gw.url, "headway_gateway_queue_depth_requests", "", 0) == 0
         text = _metrics(gw.url)
         assert _value(text, "headway_gateway_sheds_total", 'reason="queue_full"') >= 1
         assert _value(text, "headway_gateway_retry_after_issued_total") >= 1
-        assert _value(text, "headway_gateway_queue_depth_requests") == 0
 
 
 def test_disconnects_free_the_upstream_within_100_ms(slow: str) -> None:
@@ -303,9 +314,9 @@ def test_disconnects_free_the_upstream_within_100_ms(slow: str) -> None:
                 with pytest.raises(TimeoutError):
                     holder.result()
         assert _freed_within(slow, 0) is not None, "the holders"
-        text = _metrics(gw.url)
-        assert _value(text, "headway_gateway_cancellations_total", 'stage="queued"') == 2
-        assert _value(text, "headway_gateway_cancellations_total", 'stage="in_flight"') == 4
+        name = "headway_gateway_cancellations_total"
+        assert _settled(gw.url, name, 'stage="queued"', 2) == 2
+        assert _settled(gw.url, name, 'stage="in_flight"', 4) == 4
         _, _, body = _call(
             gw.url, "/admin/state", None, {"Authorization": "Bearer admin-secret"}, "GET"
         )

@@ -8,35 +8,27 @@ and stops it with SIGTERM (then SIGKILL) on exit.
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
+from headway.server_process import ServerProcess
+
 __all__ = ["GatewayProcess"]
 
-_URL = re.compile(r"at (http://\S+)")
 
-
-class GatewayProcess:
+class GatewayProcess(ServerProcess):
     """A ``headway gateway`` child process."""
 
     def __init__(
         self, config: dict[str, Any], *, prefix: tuple[str, ...] = (), args: tuple[str, ...] = ()
     ) -> None:
+        """``args``: extra command-line arguments (e.g. ``--redis URL``); ``prefix``:
+        command words before the interpreter (e.g. ``taskset -c 1``)."""
+        super().__init__("gateway", args, prefix=prefix)
         self.config = config
-        self.prefix = prefix
-        self.args = args
-        """Extra command-line arguments (e.g. ``--redis URL``)."""
-        """Command words before the interpreter (e.g. ``taskset -c 1``)."""
-        self.url = ""
-        self.proc: subprocess.Popen[str] | None = None
         self.path: Path | None = None
 
     def write_config(self, config: dict[str, Any]) -> None:
@@ -48,69 +40,14 @@ class GatewayProcess:
             self.path = Path(name)
         self.path.write_text(yaml.safe_dump(config), encoding="utf-8")
 
-    def start(self) -> str:
-        """Start it and return its URL once it listens."""
+    def verb_args(self) -> list[str]:
+        """``--config FILE`` (the config written afresh), then the extra arguments."""
         self.write_config(self.config)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [
-                *self.prefix,
-                sys.executable,
-                "-m",
-                "headway",
-                "gateway",
-                "--config",
-                str(self.path),
-                *self.args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = _URL.search(line)
-        if match is None:
-            self.stop()
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise RuntimeError(f"headway gateway did not start: {line!r} {err[-2000:]}")
-        self.url = match.group(1)
-        return self.url
-
-    @property
-    def pid(self) -> int:
-        """The process id."""
-        assert self.proc is not None
-        return self.proc.pid
+        return ["--config", str(self.path), *self.args]
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM, wait, SIGKILL if needed; the exit code."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        """Stop it and remove its config file."""
+        code = super().stop(timeout_s)
         if self.path is not None:
             self.path.unlink(missing_ok=True)
-        return proc.returncode
-
-    def __enter__(self) -> GatewayProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return code

@@ -325,18 +325,8 @@ class Controller:
                 return lease
             decision = Enqueue(request.priority)  # no upstream free for its revision: wait
         assert isinstance(decision, Enqueue)
-        refused = self.queues.push(
-            now,
-            lease,
-            band=decision.queue,
-            tenant=request.tenant,
-            cost_tokens=request.cost_tokens,
-            deadline_s=request.deadline_s,
-            max_retry_after_s=self.admission.config.max_retry_after_s,
-            front=decision.front,
-        )
+        refused = self.admission.enqueue(now, self.queues, lease, request, decision)
         if refused is not None:
-            self.admission.refund(now, request.tenant, request.cost_tokens)
             self._give_back(now, request.tenant, request.cost_tokens)
             return refused
         self._count_in(request.tenant)

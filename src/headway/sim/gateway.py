@@ -160,16 +160,7 @@ class SimGateway:
         queue bound refusing the push is a ``Shed`` too)."""
         decision = self.admission.decide(now, request, load)
         if isinstance(decision, Enqueue):
-            refused = self.queues.push(
-                now,
-                call,
-                band=decision.queue,
-                tenant=request.tenant,
-                cost_tokens=request.cost_tokens,
-                deadline_s=request.deadline_s,
-                max_retry_after_s=self.admission.config.max_retry_after_s,
-                front=decision.front,
-            )
+            refused = self.admission.enqueue(now, self.queues, call, request, decision)
             if refused is not None:
                 return refused
         if not isinstance(decision, Shed):

@@ -76,14 +76,23 @@ import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 
 from headway.core.policy._checks import is_finite_above, require
 from headway.core.policy.decisions import Admit, Decision, Enqueue, Shed, ShedReason
-from headway.core.policy.queues import BANDS, QueuesStatistics, QueueStatistics, WaitBasis
+from headway.core.policy.queues import (
+    BANDS,
+    PriorityQueues,
+    QueuesStatistics,
+    QueueStatistics,
+    WaitBasis,
+)
 from headway.core.policy.rates import TokenBucket
 from headway.core.workload.spec import Priority
+
+T = TypeVar("T")
 
 __all__ = [
     "AdmissionConfig",
@@ -425,6 +434,33 @@ class AdmissionPolicy:
         bucket = self._bucket(now, tenant)
         if bucket is not None:
             bucket.give_back(now, tokens)
+
+    def enqueue(
+        self,
+        now: float,
+        queues: PriorityQueues[T],
+        item: T,
+        request: AdmissionRequest,
+        decision: Enqueue,
+    ) -> Shed | None:
+        """Carry out an ``Enqueue`` decision: push ``item`` into ``queues`` as the
+        decision says (its band; at the front for a redeemed ticket). A queue bound that
+        refuses it (admission checked the same bounds, but a driver's queues are the
+        authority) returns that ``Shed``, and the tenant's budget taken for it is given
+        back."""
+        refused = queues.push(
+            now,
+            item,
+            band=decision.queue,
+            tenant=request.tenant,
+            cost_tokens=request.cost_tokens,
+            deadline_s=request.deadline_s,
+            max_retry_after_s=self.config.max_retry_after_s,
+            front=decision.front,
+        )
+        if refused is not None:
+            self.refund(now, request.tenant, request.cost_tokens)
+        return refused
 
     def _cap(self, seconds: float) -> float:
         return min(max(seconds, 0.0), self.config.max_retry_after_s)

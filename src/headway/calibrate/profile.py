@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from headway.core.engine.steptime import AffineStepTime
-from headway.core.errors import ConfigError
+from headway.core.errors import ConfigError, config_error
 
 __all__ = ["PROFILE_FORMAT", "FitSummary", "Profile", "read_profile", "write_profile"]
 
@@ -91,15 +91,11 @@ def parse_profile(raw: bytes | str, source: str) -> Profile:
     try:
         profile = msgspec.json.decode(raw, type=Profile)
     except msgspec.DecodeError as error:
-        message = str(error)
-        path = "$"
-        if " - at `" in message:
-            message, _, rest = message.partition(" - at `")
-            path = rest.rstrip("`")
-        raise ConfigError(
-            f"{source}: {path}: {message} (a headway step-time profile, format "
-            f"{PROFILE_FORMAT}, as `headway calibrate --out` writes it)",
-            path=path,
+        raise config_error(
+            error,
+            source,
+            hint=f" (a headway step-time profile, format {PROFILE_FORMAT}, as "
+            "`headway calibrate --out` writes it)",
         ) from None
     except ValueError as error:  # AffineStepTime checks its coefficients
         raise ConfigError(f"{source}: $.step_time: {error}", path="$.step_time") from None

@@ -39,3 +39,13 @@ class TraceError(HeadwayError):
 
 class InvalidTransition(HeadwayError):
     """A request lifecycle transition that the lifecycle table does not allow."""
+
+
+def config_error(error: Exception, source: str, *, hint: str = "") -> ConfigError:
+    """A msgspec validation or decode error as a :class:`ConfigError` that names the key
+    path: ``SOURCE: $.key.path: message`` (msgspec says ``message - at `$.key.path```)."""
+    message, path = str(error), "$"
+    if " - at `" in message:
+        message, _, rest = message.partition(" - at `")
+        path = rest.rstrip("`")
+    return ConfigError(f"{source}: {path}: {message}{hint}", path=path)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from headway.core.errors import ConfigError
+from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionConfig, TenantLimits
 from headway.core.policy.budgets import share_budgets
 from headway.core.policy.queues import BANDS, QueueConfig
@@ -270,7 +270,7 @@ def parse_config(data: object, source: str = "gateway config") -> GatewayFileCon
     try:
         config = msgspec.convert(data, GatewayFileConfig, strict=False)
     except msgspec.ValidationError as error:
-        raise ConfigError(f"{source}: {error}") from None
+        raise config_error(error, source) from None
     for key, tenant in config.tenants.items():
         if tenant.max_priority not in BANDS:  # pragma: no cover - the Literal checks it
             raise ConfigError(f"{source}: tenants.{key}.max_priority {tenant.max_priority!r}")

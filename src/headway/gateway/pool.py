@@ -43,7 +43,7 @@ from typing import Any, Final, Literal
 import aiohttp
 import msgspec
 
-from headway.core.errors import ConfigError
+from headway.core.errors import ConfigError, config_error
 from headway.gateway.probe import (
     DEFAULT_PROBE_PROMPT,
     EngineMetrics,
@@ -307,12 +307,7 @@ def parse_pool_config(data: object, source: str = "<pool>") -> PoolConfig:
     try:
         return msgspec.convert(data, PoolConfig)
     except msgspec.ValidationError as error:
-        message = str(error)
-        path = "$"
-        if " - at `" in message:
-            message, _, rest = message.partition(" - at `")
-            path = rest.rstrip("`")
-        raise ConfigError(f"{source}: {path}: {message}", path=path) from None
+        raise config_error(error, source) from None
 
 
 class Upstream:

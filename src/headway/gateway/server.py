@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from headway.core.errors import ConfigError
+from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.deadlines import DeadlineConfig, DeadlinePolicy
 from headway.core.policy.decisions import Shed, ShedReason
@@ -878,7 +878,7 @@ def _shared_budgets(config: GatewayFileConfig, redis_url: str) -> SharedBudgets:
             {**(config.shared or {}), "redis_url": redis_url}, SharedBudgetsConfig
         )
     except msgspec.ValidationError as error:
-        raise ConfigError(f"shared: {error}") from None
+        raise config_error(error, "gateway config: shared") from None
     instance = f"{socket.gethostname()}:{os.getpid()}"
     return SharedBudgets(shared_config, config.admission_config().tenants, instance)
 

@@ -29,7 +29,7 @@ from headway.core.engine.replica import ReplicaModel
 from headway.core.engine.roofline import EfficiencyTable, RooflineStepTime
 from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
-from headway.core.errors import ConfigError
+from headway.core.errors import ConfigError, config_error
 from headway.core.policy.autoscaler import AutoscalerConfig
 from headway.core.policy.routing import RouterKind
 from headway.sim.faults import Fault
@@ -241,12 +241,7 @@ def parse_cluster(data: object, source: str = "<cluster>") -> ClusterSpec:
     try:
         return msgspec.convert(data, ClusterSpec)
     except msgspec.ValidationError as error:
-        message = str(error)
-        path = "$"
-        if " - at `" in message:
-            message, _, rest = message.partition(" - at `")
-            path = rest.rstrip("`")
-        raise ConfigError(f"{source}: {path}: {message}", path=path) from None
+        raise config_error(error, source) from None
 
 
 def replicas_needed_hint(tokens_per_s: float, per_replica_tokens_per_s: float) -> int:

@@ -25,6 +25,7 @@ _VERB_MODULES: dict[str, str] = {
     "calibrate": "headway.calibrate.commands",
     "bench": "headway.bench.commands",
     "gateway": "headway.gateway.commands",
+    "drill": "headway.drill.commands",
 }
 """Which module registers each verb. A command imports only its own verb's module (a
 load generator must start fast); ``--help`` and unknown verbs import them all."""

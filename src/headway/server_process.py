@@ -56,8 +56,10 @@ class ServerProcess:
         line = self.proc.stdout.readline()  # the URL line, or "" if it exited
         match = _URL.search(line)
         if match is None:
-            self.stop()
+            if self.proc.poll() is None:
+                self.proc.kill()
             err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.stop()
             raise RuntimeError(f"headway {self.verb} did not start: {line!r} {err[-2000:]}")
         self.url = match.group(1)
         return self.url

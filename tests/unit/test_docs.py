@@ -33,6 +33,9 @@ def test_generated_docs_are_current() -> None:
     assert md == gen.expected_workload_md(md), "run: python scripts/gen_docs.py"  # type: ignore[attr-defined]
     schema = (ROOT / "docs" / "workload.schema.json").read_text(encoding="utf-8")
     assert schema == gen.expected_schema(), "run: python scripts/gen_docs.py"  # type: ignore[attr-defined]
+    drills = (ROOT / "docs" / "drills.md").read_text(encoding="utf-8")
+    assert "<!-- BEGIN GENERATED DRILLS" in drills
+    assert drills == gen.expected_drills_md(drills), "run: python scripts/gen_docs.py"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

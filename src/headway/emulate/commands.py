@@ -57,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="engine max_num_batched_tokens")  # fmt: skip
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="hash prompt blocks so equal prefixes (and cache_salt) hit the prefix "
+                   "cache, as vLLM does (default: off, every prompt block is new)")  # fmt: skip
     p.add_argument("--fault", action="append", default=[], metavar="NAME=VALUE",
                    help="a fault knob at start, e.g. slowdown_factor=3 (repeatable)")  # fmt: skip
     p.set_defaults(handler=_emulate)
@@ -121,6 +124,7 @@ def build_server(args: argparse.Namespace) -> tuple[EmulatorServer, list[FaultUp
         default_max_tokens=args.default_max_tokens,
         hardware=f"{spec.tensor_parallel}x {get_gpu(spec.gpu).name}",
         step_time=str(args.profile) if args.profile is not None else spec.step_time,
+        prefix_caching=args.prefix_caching,
     )
     server = EmulatorServer(replica, settings, speedup=args.speedup, faults=faults)
     return server, updates

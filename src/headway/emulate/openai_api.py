@@ -77,6 +77,8 @@ class GenerationRequest:
     greedy: bool
     """``temperature == 0``: the output depends on the prompt only (the fingerprint)."""
     seed: int | None
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: prompts with different salts share no prefix-cache blocks."""
 
     def output_tokens(self, default_max_tokens: int, request_index: int) -> tuple[int, str]:
         """``(tokens to generate, finish reason)``; see the module docstring."""
@@ -322,6 +324,11 @@ def parse_request(kind: Kind, raw: bytes, served_models: Sequence[str]) -> Gener
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _type_error("seed", seed, "an integer", "omit it for a random seed")
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
+        raise _type_error(
+            "cache_salt", cache_salt, "a non-empty string", "omit it to share the prefix cache"
+        )
     return GenerationRequest(
         kind=kind,
         model=model,
@@ -333,4 +340,5 @@ def parse_request(kind: Kind, raw: bytes, served_models: Sequence[str]) -> Gener
         continuous_usage=continuous,
         greedy=_temperature(body) == 0.0,
         seed=seed,
+        cache_salt=cache_salt,
     )

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["openapi_document"]
+__all__ = ["ERROR_SCHEMA", "chat_schema", "completion_schema", "openapi_document"]
 
-_ERROR = {
+ERROR_SCHEMA: dict[str, object] = {
     "type": "object",
     "required": ["error"],
     "properties": {
@@ -71,9 +71,9 @@ def _operation(summary: str, schema: dict[str, object]) -> dict[str, object]:
     }
 
 
-def openapi_document(models: Sequence[str], version: str) -> dict[str, object]:
-    """The OpenAPI document of the generation routes for a server serving ``models``."""
-    completion: dict[str, object] = {
+def completion_schema(models: Sequence[str]) -> dict[str, object]:
+    """The ``/v1/completions`` body the emulator accepts."""
+    return {
         "type": "object",
         "required": ["model", "prompt"],
         "properties": {
@@ -91,7 +91,11 @@ def openapi_document(models: Sequence[str], version: str) -> dict[str, object]:
             "echo": {"type": "boolean", "enum": [False], "nullable": True},
         },
     }
-    chat: dict[str, object] = {
+
+
+def chat_schema(models: Sequence[str]) -> dict[str, object]:
+    """The ``/v1/chat/completions`` body the emulator accepts."""
+    return {
         "type": "object",
         "required": ["model", "messages"],
         "properties": {
@@ -120,6 +124,12 @@ def openapi_document(models: Sequence[str], version: str) -> dict[str, object]:
             },
         },
     }
+
+
+def openapi_document(models: Sequence[str], version: str) -> dict[str, object]:
+    """The OpenAPI document of the generation routes for a server serving ``models``."""
+    completion = completion_schema(models)
+    chat = chat_schema(models)
     return {
         "openapi": "3.0.3",
         "info": {"title": "headway emulate", "version": version},
@@ -127,5 +137,5 @@ def openapi_document(models: Sequence[str], version: str) -> dict[str, object]:
             "/v1/completions": _operation("a text completion", completion),
             "/v1/chat/completions": _operation("a chat completion", chat),
         },
-        "components": {"schemas": {"Error": _ERROR}},
+        "components": {"schemas": {"Error": ERROR_SCHEMA}},
     }

@@ -31,7 +31,7 @@ from headway.emulate.faults import FaultState, FaultUpdate
 from headway.emulate.metrics import MetricsRegistry
 from headway.emulate.openai_api import ApiError, GenerationRequest, error_body, parse_request
 from headway.emulate.openapi import openapi_document
-from headway.emulate.tokens import OutputTokens, token_text
+from headway.emulate.tokens import OutputTokens, prompt_block_hashes, token_text
 from headway.emulate.wallclock import Generation, WallClockEngine
 
 __all__ = ["CRASH_EXIT_CODE", "EmulatorServer", "EmulatorSettings"]
@@ -109,6 +109,9 @@ class EmulatorSettings:
     step_time: str = ""
     """Where step times come from (``roofline`` or a profile path), for ``/version``."""
     extra_version: dict[str, object] = field(default_factory=dict)
+    prefix_caching: bool = False
+    """Hash prompts' blocks so that equal prefixes hit the engine's prefix cache (salted
+    by ``cache_salt``). Off: every prompt block is the request's own, as before."""
 
 
 class EmulatorServer:
@@ -299,6 +302,13 @@ class EmulatorServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
+    def _scheduler_fingerprint(self) -> dict[str, object]:
+        """The scheduler settings (part of the serving fingerprint a rollback restores)."""
+        replica = self.engine.replica
+        out: dict[str, object] = msgspec.to_builtins(replica.config)
+        out["num_kv_blocks"] = replica.scheduler.pool.num_blocks
+        return out
+
     async def _version(self, request: web.Request) -> web.Response:
         s = self.settings
         return web.json_response(
@@ -310,6 +320,8 @@ class EmulatorServer:
                 "hardware": s.hardware,
                 "step_time": s.step_time,
                 "speedup": self.engine.speedup,
+                "tokenizer": f"headway-emulate/{s.served_model_names[0]}/v{s.vocab_size}",
+                "scheduler": self._scheduler_fingerprint(),
                 **s.extra_version,
             }
         )
@@ -361,9 +373,16 @@ class EmulatorServer:
             None if parsed.greedy else (parsed.seed if parsed.seed is not None else -index - 1)
         )
         tokens = OutputTokens(revision, parsed.prompt_key, sample_seed, self.settings.vocab_size)
+        hashes: list[int] = []
+        if self.settings.prefix_caching:
+            block_size = self.engine.replica.config.block_size
+            hashes = prompt_block_hashes(
+                parsed.prompt_key, parsed.num_prompt_tokens, block_size, parsed.cache_salt
+            )
         gen = self.engine.submit(
-            parsed.num_prompt_tokens, num_out, stop_reason, arrived_at=arrived_at
-        )
+            parsed.num_prompt_tokens, num_out, stop_reason, arrived_at=arrived_at,
+            block_hashes=hashes,
+        )  # fmt: skip
         try:
             if parsed.stream:
                 return await self._stream(request, parsed, gen, tokens, index)

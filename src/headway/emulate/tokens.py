@@ -18,6 +18,8 @@ import random
 from collections.abc import Sequence
 from typing import Final
 
+from headway.core.engine.kv import chain_block_hashes
+
 __all__ = [
     "BYTES_PER_TOKEN",
     "CHAT_MESSAGE_OVERHEAD_TOKENS",
@@ -25,6 +27,7 @@ __all__ = [
     "OutputTokens",
     "estimate_text_tokens",
     "fingerprint",
+    "prompt_block_hashes",
     "token_text",
 ]
 
@@ -110,3 +113,42 @@ def fingerprint(revision: str, prompt: str, num_tokens: int, vocab_size: int) ->
     """
     ids = OutputTokens(revision, ("text", prompt), None, vocab_size).ids(num_tokens)
     return "".join(token_text(i) for i in ids)
+
+
+def prompt_block_hashes(
+    prompt_key: object, num_prompt_tokens: int, block_size: int, cache_salt: str | None = None
+) -> list[int]:
+    """Chained hashes of a prompt's full KV blocks, for the engine's prefix cache.
+
+    Without a tokenizer a block stands for ``block_size × BYTES_PER_TOKEN`` bytes of the
+    prompt's text (a chat's roles and contents in order), or ``block_size`` token ids, so
+    prompts that share a long enough prefix share their first blocks' hashes. As in vLLM,
+    ``cache_salt`` is mixed into the first block, so every hash of a salted prompt differs
+    from the same prompt's under another salt (or none).
+    """
+    kind, value = prompt_key if isinstance(prompt_key, tuple) else ("", prompt_key)
+    chunks: list[bytes] = []
+    if kind == "ids":
+        ids: tuple[int, ...] = value
+        chunks = [repr(ids[i : i + block_size]).encode() for i in range(0, len(ids), block_size)]
+        if len(ids) % block_size:
+            chunks.pop()
+    elif kind in ("text", "chat"):
+        if kind == "text":
+            data = value.encode("utf-8", "surrogatepass")
+        else:
+            data = b"".join(
+                role.encode() + b"\x00" + text.encode("utf-8", "surrogatepass") + b"\x01"
+                for role, text in value
+            )
+        step = block_size * BYTES_PER_TOKEN
+        chunks = [data[i : i + step] for i in range(0, len(data) - step + 1, step)]
+    chunks = chunks[: num_prompt_tokens // block_size]
+    if not chunks:
+        return []
+    if cache_salt is not None:
+        chunks[0] = b"salt\x00" + cache_salt.encode("utf-8", "surrogatepass") + b"\x00" + chunks[0]
+    contents = [
+        int.from_bytes(hashlib.blake2b(chunk, digest_size=8).digest(), "big") for chunk in chunks
+    ]
+    return chain_block_hashes(contents)

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
@@ -173,6 +173,14 @@ class WallClockEngine:
             "vllm:num_preemptions_total", "Cumulative number of preemptions."
         )
         self._steps = m.counter("headway_emulator_steps_total", "Engine steps run.")
+        self._prefix_queries = m.counter(
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self._prefix_hits = m.counter(
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+        )
         self._late_steps = m.counter(
             "headway_emulator_late_steps_total",
             "Steps whose tokens went out more than 1 ms (wall) late.",
@@ -232,12 +240,15 @@ class WallClockEngine:
         stop_reason: str = "length",
         *,
         arrived_at: float | None = None,
+        block_hashes: Sequence[int] = (),
     ) -> Generation:
         """Hand a request to the engine; it joins the next step.
 
         ``arrived_at`` is when the request reached the server (on :attr:`clock`; default
         now): the engine sees it then, so the time spent reading and checking its body
         (an emulator cost, not an engine cost) does not count against it.
+        ``block_hashes``: the prompt's full blocks' hashes, for prefix-cache hits (none:
+        every block is the request's own).
 
         Raises:
             ValueError: if it could never run (longer than :attr:`max_model_len`).
@@ -255,8 +266,9 @@ class WallClockEngine:
             now_v = min(now_v, (arrived_at - self._start_wall) * self.speedup)
         gen.arrival_v = now_v
         req = EngineRequest(
-            rid, num_prompt_tokens=num_prompt_tokens, max_output_tokens=max_output_tokens
-        )
+            rid, num_prompt_tokens=num_prompt_tokens, max_output_tokens=max_output_tokens,
+            block_hashes=block_hashes,
+        )  # fmt: skip
         pending = self._pending
         if pending and pending[-1][0] > now_v:  # keep arrival order
             at = len(pending)
@@ -373,6 +385,9 @@ class WallClockEngine:
         end_v = result.end_s
         live = self._live
         self._steps.inc()
+        scheduler = self.replica.scheduler
+        self._prefix_queries.value = float(scheduler.num_prefix_queried_tokens)
+        self._prefix_hits.value = float(scheduler.num_prefix_hit_tokens)
         if result.preempted_ids:
             self._preemptions.inc(len(result.preempted_ids))
         for rid in result.admitted_ids:

@@ -2,7 +2,8 @@
 
 ``headway gateway --config gateway.yaml [--host H] [--port P]`` prints
 ``headway gateway: serving at http://HOST:PORT (N upstreams)`` first, then serves
-(``docs/gateway.md``).
+(``docs/gateway.md``). SIGTERM or SIGINT drains (up to ``shutdown_timeout_s``), a second
+one stops at once.
 """
 
 from __future__ import annotations
@@ -42,12 +43,19 @@ async def _serve(args: argparse.Namespace) -> None:
     print(  # noqa: T201 - the first line is the URL, for scripts and tests
         f"headway gateway: serving at {url} ({len(config.upstreams)} upstreams)", flush=True
     )
-    stop = asyncio.Event()
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     try:
-        await stop.wait()
+        await signals.get()
+        # Drain: refuse new work, let queued and in-flight requests finish; a second
+        # signal stops at once.
+        drain = asyncio.ensure_future(server.drain())
+        second = asyncio.ensure_future(signals.get())
+        await asyncio.wait((drain, second), return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, second):
+            task.cancel()
     finally:
         await server.stop()
 

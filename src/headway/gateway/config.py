@@ -192,6 +192,12 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """A tenant counts as active (holds its slot share against the others) while it has
     requests queued or in flight, and this long after its last request arrived."""
 
+    shutdown_timeout_s: float = 30.0
+    """On SIGTERM the gateway drains: ``/health`` answers 503 at once, new requests are
+    refused (503 ``draining``, ``Retry-After: 0``: retry on a peer), and queued and
+    in-flight requests finish for up to this long before the process exits (Kubernetes'
+    ``terminationGracePeriodSeconds`` must exceed it plus any ``preStop`` sleep)."""
+
     access_log: str | None = None
     """One JSON line per finished request on the ``headway.gateway.access`` logger, written
     by the gateway to this file (``-``: stderr) from a background thread. None: the gateway
@@ -200,6 +206,21 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     log_content: bool = False
     """Put the request body and the answer's text into access-log lines and spans. Off:
     neither ever carries prompt or completion text."""
+
+    metrics_token: str | None = None
+    """When set, ``GET /metrics`` requires ``Authorization: Bearer <metrics_token>`` (401
+    otherwise). None: ``/metrics`` is open, as vLLM's is; then do not expose it beyond the
+    cluster network. Either way a request carrying a tenant's API key is refused (403)."""
+
+    tenant_cache_salt: bool = True
+    """With tenants: put ``"cache_salt": HMAC(tenant)`` into every relayed body, so engines
+    that salt their prefix-cache block hashes (vLLM) never share cached prompt blocks
+    between tenants (no cross-tenant timing probe of cached prompts). A client-sent
+    ``cache_salt`` is then refused (400): it could name another tenant's salt."""
+
+    cache_salt_key: str | None = None
+    """The HMAC key of the tenants' cache salts. None: a random key per process (salts, and
+    so cache hits across a restart or between instances, change); set it to keep them."""
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -224,8 +245,23 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             raise ValueError(
                 f"tenant_slot_headroom must be > 0 (got {headroom}); use 1, or null for no cap"
             )
+        if not (math.isfinite(self.shutdown_timeout_s) and self.shutdown_timeout_s >= 0):
+            raise ValueError(
+                f"shutdown_timeout_s must be >= 0 (got {self.shutdown_timeout_s}); use 30"
+            )
         if not (math.isfinite(self.tenant_active_s) and self.tenant_active_s >= 0):
             raise ValueError(f"tenant_active_s must be >= 0 (got {self.tenant_active_s}); use 2")
+        if any(not key.strip() or key != key.strip() for key in self.tenants):
+            raise ValueError(
+                "tenants: every API key must be non-empty, without surrounding spaces "
+                "(a request without a key would be that tenant)"
+            )
+        for name, token in (("admin_token", self.admin_token),
+                            ("metrics_token", self.metrics_token)):  # fmt: skip
+            if token is not None and token in self.tenants:
+                raise ValueError(
+                    f"{name} must differ from every tenant API key; a tenant could use it"
+                )
         reserved = self.queue_config().critical_reserved_slots
         for up in self.upstreams:
             if (up.slots or self.slots_per_upstream) * len(self.upstreams) <= reserved:

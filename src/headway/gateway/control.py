@@ -36,6 +36,7 @@ from typing import Protocol
 import msgspec
 
 from headway.core.policy.admission import (
+    AdmissionConfig,
     AdmissionPolicy,
     AdmissionRequest,
     LoadSnapshot,
@@ -141,22 +142,14 @@ class Controller:
         budgets: BudgetSeam | None = None,
     ) -> None:
         self.config = config
-        admission = config.admission_config()
-        if budgets is not None:
-            # The shared budget holds the token buckets; local admission keeps the rest.
-            tenants = {
-                t: msgspec.structs.replace(lim, token_rate_per_s=None)
-                for t, lim in admission.tenants.items()
-            }
-            admission = msgspec.structs.replace(admission, tenants=tenants)
-        self.admission = AdmissionPolicy(admission)
+        self.budgets = budgets
+        self.admission = AdmissionPolicy(self._admission_config(config))
         self.queues: PriorityQueues[Lease] = PriorityQueues(config.queue_config())
         self.retries = RetryPolicy(config.retries)
         self.router = Router("least_outstanding_requests")
         self.source: UpstreamSource = source or StaticUpstreams(
             [self._state(i) for i in range(len(config.upstreams))]
         )
-        self.budgets = budgets
         self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
         self.in_flight: dict[str, int] = {}
         self._completions: dict[str, WindowCounter] = {}
@@ -168,6 +161,30 @@ class Controller:
         self.capped = 0
         """Requests admission would have dispatched at once, queued instead because their
         tenant held its slot share (those already queued are passed over in :meth:`pump`)."""
+        self.draining = False
+        """This instance is shutting down: new requests are refused (``draining``); queued
+        and dispatched ones finish."""
+
+    def reconfigure(self, config: GatewayFileConfig) -> None:
+        """Swap in ``config`` live: admission (tenant budgets), queue and retry settings
+        take effect for the next decision; queued and dispatched requests keep their
+        places and slots (see the policies' ``reconfigure``)."""
+        self.admission.reconfigure(self.now(), self._admission_config(config))
+        self.queues.reconfigure(config.queue_config())
+        self.retries.reconfigure(config.retries)
+        self.config = config
+        self.pump()
+
+    def _admission_config(self, config: GatewayFileConfig) -> AdmissionConfig:
+        admission = config.admission_config()
+        if self.budgets is None:
+            return admission
+        # The shared budget holds the token buckets; local admission keeps the rest.
+        tenants = {
+            t: msgspec.structs.replace(lim, token_rate_per_s=None)
+            for t, lim in admission.tenants.items()
+        }
+        return msgspec.structs.replace(admission, tenants=tenants)
 
     def _state(self, index: int) -> UpstreamState:
         up = self.config.upstreams[index]
@@ -237,6 +254,7 @@ class Controller:
             tenants=tenants,
             prefill_tokens_per_s=self.config.prefill_tokens_per_s,
             tpot_s=self.config.tpot_s,
+            draining=self.draining,
             downstream_health=1.0 if ready else 0.0,
             downstream_next_probe_s=None
             if ready
@@ -454,7 +472,14 @@ class Controller:
     def expire(self) -> None:
         """End the queued requests whose deadline passed (EXPIRED, never sent)."""
         now = self.now()
-        for gone in self.queues.expire(now):
+        gone_now = self.queues.expire(now)
+        if not gone_now:
+            return
+        # When to come back: the time its band's line needs to drain, as admission says
+        # for a full queue (capped like every Retry-After).
+        bands = self.queues.statistics(now).bands
+        cap_s = self.admission.config.max_retry_after_s
+        for gone in gone_now:
             lease = gone.item
             if lease.dead:
                 continue
@@ -462,8 +487,9 @@ class Controller:
             self.admission.refund(now, lease.tenant, lease.cost_tokens)
             self._give_back(now, lease.tenant, lease.cost_tokens)
             if not lease.ready.done():
+                retry_s = bands[gone.band].time_to_drain_s(max_s=cap_s)
                 lease.ready.set_result(
-                    Shed(ShedReason.EXPIRED, None, "its deadline passed while it waited")
+                    Shed(ShedReason.EXPIRED, retry_s, "its deadline passed while it waited")
                 )
 
     def queued_by(self, now: float) -> tuple[dict[str, int], dict[str, int]]:

@@ -73,7 +73,7 @@ class PoolSource:
         states: list[UpstreamState] = []
         for up, u in zip(config.upstreams, self.pool.upstreams, strict=True):
             state = self._by_url.get(u.url)
-            if state is None:
+            if state is None:  # a new upstream; those that stay keep an admin drain
                 state = UpstreamState(url=u.url, api_key=up.api_key)
                 self._by_url[u.url] = state
             state.revision = u.revision
@@ -82,7 +82,6 @@ class PoolSource:
                 u.kv_blocks_total or up.kv_blocks or config.kv_blocks_per_upstream
             )
             state.healthy = u.ready
-            state.draining = False
             states.append(state)
         kept = {s.url for s in states}
         for url in [url for url in self._by_url if url not in kept]:

@@ -37,6 +37,8 @@ __all__ = [
     "ProbeResult",
     "fingerprint_digest",
     "judge",
+    "label_value",
+    "metric_samples",
     "parse_engine_metrics",
     "probe_session",
     "run_probe",
@@ -233,7 +235,19 @@ def _sample(line: str) -> tuple[str, str, float] | None:
         return None
 
 
-def _label(labels: str, key: str) -> str | None:
+def metric_samples(text: str) -> list[tuple[str, str, float]]:
+    """Every ``(name, labels, value)`` sample in Prometheus exposition ``text``."""
+    out = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            sample = _sample(line)
+            if sample is not None:
+                out.append(sample)
+    return out
+
+
+def label_value(labels: str, key: str) -> str | None:
+    """The value of label ``key`` in a sample's ``labels`` text, or None."""
     marker = f'{key}="'
     at = labels.find(marker)
     if at < 0:
@@ -263,7 +277,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         elif name in _KV_USAGE:
             usage = value if usage is None else max(usage, value)
         elif name == _CACHE_INFO:
-            raw = _label(labels, "num_gpu_blocks")
+            raw = label_value(labels, "num_gpu_blocks")
             if raw is not None and raw.isdigit():
                 blocks = int(raw)
     return EngineMetrics(

@@ -1,8 +1,8 @@
 """The gateway's HTTP server (aiohttp) and relay.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
-``GET /v1/models``, ``GET /health``, ``GET /metrics``, and the admin API
-(``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``; bearer
+``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /openapi.json``, and the
+admin API (``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``; bearer
 ``admin_token``).
 
 Hot path per request: find the tenant from the bearer key (a dict lookup); decode only
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import math
 import os
@@ -40,7 +41,17 @@ from headway.core.policy.queues import BANDS, Band
 from headway.core.policy.retries import AttemptOutcome, FailureKind, GiveUp
 from headway.gateway.config import GatewayFileConfig, TenantConfig, load_config
 from headway.gateway.control import Controller, Lease, UpstreamState
+from headway.gateway.guards import (
+    MAX_BODY_BYTES,
+    CacheSalts,
+    error_response,
+    openai_shaped_errors,
+    parse_whole,
+    salted_body,
+    too_large_response,
+)
 from headway.gateway.metrics import TTFT_BUCKETS_S, Registry
+from headway.gateway.openapi import openapi_document
 from headway.gateway.ops import AccessLog, RequestRecord, finish, next_request_id, tracer
 from headway.gateway.pooled import PoolSource
 
@@ -56,6 +67,7 @@ DEADLINE_HEADER: Final = "x-headway-deadline-ms"
 TICKET_HEADER: Final = "x-headway-retry-ticket"
 REASON_HEADER: Final = "x-headway-shed-reason"
 ANONYMOUS: Final = "anonymous"
+_REQUEST_ID: Final = web.RequestKey("request_id", str)
 
 _STATUS: Final[dict[ShedReason, int]] = {
     ShedReason.QUEUE_FULL: 429,
@@ -80,11 +92,12 @@ class _Body(msgspec.Struct, kw_only=True):
     """What the gateway reads of a request body (unknown fields are relayed untouched)."""
 
     model: str
-    stream: bool = False
+    stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     messages: msgspec.Raw = msgspec.Raw(b"")
     prompt: msgspec.Raw = msgspec.Raw(b"")
+    cache_salt: msgspec.Raw = msgspec.Raw(b"")
 
 
 class _Usage(msgspec.Struct):
@@ -182,15 +195,18 @@ class GatewayServer:
         """Where ``gateway.request`` spans go (the global provider's; settable)."""
         self.access = AccessLog(config.access_log) if config.access_log else None
         self._setup_metrics()
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.salts = CacheSalts(config.cache_salt_key)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_shaped_errors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/openapi.json", self._openapi)
         app.router.add_post("/admin/drain", self._admin_drain)
         app.router.add_post("/admin/reload", self._admin_reload)
         app.router.add_get("/admin/state", self._admin_state)
+        app.on_response_prepare.append(_echo_request_id)
         self.app = app
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -220,6 +236,20 @@ class GatewayServer:
         self.host = host
         self.port = sockets[0].getsockname()[1] if sockets else port
         return self.url
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """Stop taking work (``/health`` 503, new requests refused ``draining``) and wait
+        until queued and in-flight requests have finished, at most ``timeout_s``
+        (default ``shutdown_timeout_s``). True when nothing was left."""
+        ctl = self.controller
+        ctl.draining = True
+        limit_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        end = time.monotonic() + limit_s
+        while len(ctl.queues) or any(ctl.in_flight.values()):
+            if time.monotonic() >= end:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def stop(self) -> None:
         """Stop listening, finish in flight (up to the shutdown timeout), close sessions."""
@@ -373,7 +403,7 @@ class GatewayServer:
         if not tenants:
             return None, ANONYMOUS
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        tenant = tenants.get(key)
+        tenant = tenants.get(key) if key else None  # no key never finds a tenant
         if tenant is None:
             raise ClientError(
                 401,
@@ -390,11 +420,24 @@ class GatewayServer:
         except msgspec.ValidationError as error:
             text = str(error)
             param = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+            if param is None and text.startswith("Object missing required field `"):
+                param = text.split("`", 2)[1]
+            where = f"`{param}`: " if param else ""
             raise ClientError(
-                400, f"invalid request body: {text}; fix that field", param=param
+                400, f"invalid request body: {where}{text}; fix that field", param=param
             ) from None
         except msgspec.DecodeError as error:
-            raise ClientError(400, f"the request body is not JSON: {error}") from None
+            hint = "; lone UTF-16 surrogates (\\ud800-\\udfff) are refused" if b"\\u" in raw else ""
+            raise ClientError(400, f"the request body is not JSON: {error}{hint}") from None
+        except RecursionError:
+            raise ClientError(400, "the request body is nested too deeply to read") from None
+        if body.cache_salt and self.config.tenants and self.config.tenant_cache_salt:
+            raise ClientError(
+                400,
+                "`cache_salt` is set by the gateway for each tenant; remove it from the body",
+                param="cache_salt",
+                code="invalid_value",
+            )
         needed = "messages" if kind == "chat" else "prompt"
         if not getattr(body, needed) or bytes(getattr(body, needed)) == b"null":
             raise ClientError(400, f"`{needed}` is required", param=needed)
@@ -430,16 +473,18 @@ class GatewayServer:
         budget_s: float | None = None
         deadline_text = headers.get(DEADLINE_HEADER)
         if deadline_text is not None:
-            if not deadline_text.strip().isdigit():
+            budget_ms = parse_whole(deadline_text)
+            if budget_ms is None:
                 raise ClientError(
                     400,
-                    f"{DEADLINE_HEADER} must be whole milliseconds >= 0 (got {deadline_text!r})",
+                    f"{DEADLINE_HEADER} must be whole milliseconds >= 0, at most 18 digits "
+                    f"(got {deadline_text[:40]!r})",
                     param=DEADLINE_HEADER,
                 )
-            budget_s = int(deadline_text) / 1000.0
+            budget_s = budget_ms / 1000.0
         deadline = self.deadlines.assign(now, budget_s)
         ticket_text = headers.get(TICKET_HEADER)
-        ticket = int(ticket_text) if ticket_text and ticket_text.isdigit() else None
+        ticket = parse_whole(ticket_text) if ticket_text else None  # garbage: no ticket
         return _Parsed(
             tenant, name, body, raw, band, None if deadline is None else deadline.deadline_s,
             ticket,
@@ -479,9 +524,10 @@ class GatewayServer:
         return web.json_response(body, status=status, headers=headers)
 
     async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
-        record = RequestRecord(
-            request.headers.get("x-request-id") or next_request_id(), path, time.monotonic()
-        )
+        given = request.headers.get("x-request-id", "")
+        ok_id = 0 < len(given) <= 128 and given.isprintable()
+        record = RequestRecord(given if ok_id else next_request_id(), path, time.monotonic())
+        request[_REQUEST_ID] = record.request_id
         try:
             response = await self._generate_recorded(request, kind, path, record)
             record.status = response.status
@@ -498,19 +544,30 @@ class GatewayServer:
     async def _generate_recorded(
         self, request: web.Request, kind: str, path: str, record: RequestRecord
     ) -> web.StreamResponse:
-        raw = await request.read()
+        length = request.content_length
+        try:
+            if length is not None and length > MAX_BODY_BYTES:
+                raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, length)
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # announced, chunked, or longer than announced
+            self.m_client_errors.inc("413")
+            return too_large_response()
         try:
             parsed = self._parse(request, raw, kind)
         except ClientError as error:
             self.m_client_errors.inc(str(error.status))
             return error.response()
+        if parsed.tenant is not None and self.config.tenant_cache_salt:
+            if self.salts.configured != self.config.cache_salt_key:  # a reload changed it
+                self.salts = CacheSalts(self.config.cache_salt_key)
+            parsed.raw = salted_body(raw, self.salts.salt(parsed.tenant_name))
         body = parsed.body
         ctl = self.controller
         self.m_offered.inc(parsed.tenant_name)
         record.tenant = parsed.tenant_name
         record.band = parsed.band
         record.model = body.model
-        record.stream = body.stream
+        record.stream = body.stream is True
         if self.config.log_content:
             record.prompt = raw
             record.completion = []
@@ -588,7 +645,7 @@ class GatewayServer:
                 resp = await self._session(upstream).post(
                     upstream.url + path,
                     data=parsed.raw,
-                    headers={"Content-Type": "application/json"},
+                    headers={"Content-Type": "application/json", "X-Request-Id": record.request_id},
                 )
             except (TimeoutError, aiohttp.ClientError, OSError):
                 failure = FailureKind.CONNECT_ERROR
@@ -733,19 +790,30 @@ class GatewayServer:
                     )
             except (aiohttp.ClientError, OSError):
                 continue
-        return web.json_response(
-            {"error": {"message": "no upstream is reachable", "code": "downstream_unhealthy"}},
-            status=503,
+        return error_response(
+            503, "no upstream is reachable", kind="upstream_error", code="downstream_unhealthy"
         )
 
     async def _health(self, request: web.Request) -> web.Response:
         ready = sum(1 for u in self.controller.source.upstreams() if u.ready)
+        status = "draining" if self.controller.draining else "ok" if ready else "unavailable"
         return web.json_response(
-            {"status": "ok" if ready else "unavailable", "ready_upstreams": ready},
-            status=200 if ready else 503,
+            {"status": status, "ready_upstreams": ready}, status=200 if status == "ok" else 503
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        key = _bearer(request)
+        if key is not None and key in self.config.tenants:
+            return error_response(
+                403, "/metrics is not for tenants: their API keys are refused here",
+                code="forbidden",
+            )  # fmt: skip
+        token = self.config.metrics_token
+        if token is not None and not hmac.compare_digest((key or "").encode(), token.encode()):
+            return error_response(
+                401, "wrong or missing metrics token: send `Authorization: Bearer TOKEN`",
+                code="invalid_api_key",
+            )  # fmt: skip
         text = self.metrics.render()
         if self.pool is not None:
             text += "\n".join(self.pool.pool.prometheus_lines()) + "\n"
@@ -756,16 +824,19 @@ class GatewayServer:
     def _admin(self, request: web.Request) -> web.Response | None:
         token = self.config.admin_token
         if token is None:
-            return web.json_response(
-                {"error": {"message": "the admin API is off: set admin_token in the config"}},
-                status=403,
-            )
-        if request.headers.get("Authorization", "") != f"Bearer {token}":
-            return web.json_response(
-                {"error": {"message": "wrong or missing admin token", "code": "invalid_api_key"}},
-                status=401,
-            )
+            return error_response(
+                403, "the admin API is off: set admin_token in the config",
+                code="forbidden",
+            )  # fmt: skip
+        if not hmac.compare_digest((_bearer(request) or "").encode(), token.encode()):
+            return error_response(
+                401, "wrong or missing admin token: send `Authorization: Bearer ADMIN_TOKEN`",
+                code="invalid_api_key",
+            )  # fmt: skip
         return None
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(self.config.models))
 
     async def _admin_state(self, request: web.Request) -> web.Response:
         refused = self._admin(request)
@@ -806,9 +877,11 @@ class GatewayServer:
         return ClientError(404, f"no upstream {url!r}", param="upstream").response()
 
     async def _admin_reload(self, request: web.Request) -> web.Response:
-        """Re-read the config file: tenants, models, admin token and upstreams take effect
-        at once (a removed upstream is drained: its in-flight requests finish); queued and
-        in-flight requests are kept. Policy sections need a restart (reported)."""
+        """Re-read the config file: tenants, models, admin token, upstreams and the
+        admission, queue and retry settings take effect at once (a removed upstream is
+        drained: its in-flight requests finish); queued and in-flight requests keep their
+        places. ``preset``, ``access_log``, adding or removing ``pool``, and shared (Redis)
+        budgets need a restart (reported in ``needs_restart``)."""
         refused = self._admin(request)
         if refused is not None:
             return refused
@@ -852,21 +925,27 @@ class GatewayServer:
                 )  # fmt: skip
                 added.append(url)
         restart = [
-            name
-            for name in ("admission", "queues", "retries", "preset")
-            if getattr(old, name) != getattr(new, name)
+            name for name in ("preset", "access_log") if getattr(old, name) != getattr(new, name)
         ]
         if (old.pool is None) != (new.pool is None):
             restart.append("pool")
-        if old.tenants != new.tenants and old.admission_config() != new.admission_config():
-            restart.append("tenant budgets")
+        if self.shared is not None and old.admission_config() != new.admission_config():
+            restart.append("shared tenant budgets")
         self.config = new
-        ctl.config = new
+        ctl.reconfigure(new)
         self.deadlines = DeadlinePolicy(
             DeadlineConfig(default_budget_s=new.default_deadline_s, max_budget_s=new.max_deadline_s)
         )
         ctl.pump()
         return {"reloaded": True, "added_upstreams": added, "needs_restart": restart}
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer to a generate request carries its ``x-request-id`` (the client's, or
+    the one the gateway gave it; the upstream gets the same), to find it in logs and spans."""
+    request_id = request.get(_REQUEST_ID)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
 
 
 def _shared_budgets(config: GatewayFileConfig, redis_url: str) -> SharedBudgets:
@@ -881,6 +960,12 @@ def _shared_budgets(config: GatewayFileConfig, redis_url: str) -> SharedBudgets:
         raise config_error(error, "gateway config: shared") from None
     instance = f"{socket.gethostname()}:{os.getpid()}"
     return SharedBudgets(shared_config, config.admission_config().tenants, instance)
+
+
+def _bearer(request: web.Request) -> str | None:
+    """The key of ``Authorization: Bearer KEY``, else None."""
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else None
 
 
 def _stream_usage(tail: bytes) -> int | None:

@@ -16,7 +16,7 @@ from headway.report import findings
 from headway.report.svg import PALETTE, Frame, Line, line_chart
 from headway.report.tables import fmt, seconds, share, table
 
-_CSS = """
+CSS = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
 max-width:1120px;color:#1d2330;padding:0 1rem}
 h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2.2rem;
@@ -31,6 +31,7 @@ padding:.5rem 1rem}
 svg text{font:12px system-ui,sans-serif;fill:#344054}svg .t{font-weight:600;font-size:13px}
 svg .k{fill:#667085;font-size:11px}svg .l{font-size:11.5px}svg .r{font-size:11px}
 """
+"""The reports' stylesheet (the plan report; drills use it too, one look)."""
 
 
 def _knee_svg(knee: dict[str, Any]) -> str:
@@ -216,7 +217,7 @@ def render_plan_html(data: dict[str, Any]) -> str:
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta name='viewport' content='width=device-width,initial-scale=1'><title>{title}"
-        f"</title><style>{_CSS}</style></head><body><h1>{title}</h1>"
+        f"</title><style>{CSS}</style></head><body><h1>{title}</h1>"
         f"<p>{description}</p><p class='muted'>{html.escape('; '.join(meta))}.</p>"
         f"{''.join(s for s in sections if s)}</body></html>\n"
     )

@@ -16,10 +16,7 @@ client that must not block others. ``HEADWAY_FUZZ_EXAMPLES`` multiplies the exam
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
-import os
 import socket
 import threading
 import time
@@ -28,74 +25,32 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from fuzz_http import (
+    FIELDS,
+    MODEL,
+    ROUTES,
+    WRONG,
+    Client,
+    closed_first,
+    examples,
+    header_names,
+    header_values,
+    healthy,
+    is_utf8,
+    json_values,
+    kinds,
+    openai_error,
+    raw_exchange,
+    rss_kib,
+    valid_body,
+)
 from headway.emulate.process import EmulatorProcess
 from headway.emulate.server import MAX_BODY_BYTES
 
 pytestmark = pytest.mark.timeout(120)
-
-MODEL = "llama-3-8b"
-SCALE = max(1, int(os.environ.get("HEADWAY_FUZZ_EXAMPLES", "1")))
-ROUTES = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
-FUZZ = settings(
-    deadline=None,
-    derandomize=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-
-
-def examples(n: int) -> settings:
-    return settings(FUZZ, max_examples=n * SCALE)
-
-
-class Client:
-    """One keep-alive HTTP/1.1 connection; reconnects only when the server closed it."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.conn: http.client.HTTPConnection | None = None
-        self.count = 0
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        for attempt in range(2):
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
-            try:
-                self.conn.request(method, path, body=body, headers=headers or {})
-                response = self.conn.getresponse()
-                data = response.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.close()
-                if attempt:
-                    raise
-                continue  # a keep-alive connection the server had closed
-            if response.will_close:
-                self.close()
-            self.count += 1
-            return response.status, response.headers, data
-        raise AssertionError("unreachable")
-
-    def post(
-        self, kind: str, body: object, headers: dict[str, str] | None = None
-    ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return self.request(
-            "POST", ROUTES[kind], raw, {"Content-Type": "application/json", **(headers or {})}
-        )
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +67,7 @@ def client(emulator: EmulatorProcess) -> Iterator[Client]:
     c.close()
     # The server survived everything the module sent it.
     assert emulator.proc is not None and emulator.proc.poll() is None
-    assert _healthy(emulator.url)
-
-
-def _healthy(url: str) -> bool:
-    probe = Client(url)
-    try:
-        return probe.request("GET", "/health")[0] == 200
-    finally:
-        probe.close()
+    assert healthy(emulator.url)
 
 
 @pytest.fixture(scope="module")
@@ -135,72 +82,15 @@ def check(status: int, data: bytes, *, stream: bool = False) -> dict[str, Any] |
     """The guarantees every answer keeps; the error object of a 4xx, else ``None``."""
     assert status < 500, (status, data[:500])
     if status >= 400:
-        body = json.loads(data)
-        assert set(body) == {"error"}, body
-        error = body["error"]
-        assert set(error) == {"message", "type", "param", "code"}, error
-        assert isinstance(error["message"], str) and len(error["message"]) > 10, error
+        error = openai_error(data)
         assert error["type"] == "invalid_request_error", error
-        assert error["param"] is None or isinstance(error["param"], str), error
-        return error  # type: ignore[no-any-return]
+        return error
     assert status == 200, (status, data[:500])
     if stream:
         assert data.endswith(b"data: [DONE]\n\n"), data[-200:]
     else:
         json.loads(data)
     return None
-
-
-# --- strategies ------------------------------------------------------------------------------
-
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(),
-    st.integers(min_value=-(2**80), max_value=2**80),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=30),
-)
-json_values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
-FIELDS = [
-    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "temperature",
-    "stream", "stream_options", "seed", "echo", "top_p", "stop", "logit_bias", "user",
-]  # fmt: skip
-good_messages = st.lists(
-    st.fixed_dictionaries(
-        {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=40)}
-    ),
-    min_size=1,
-    max_size=3,
-)
-
-
-def valid_body(kind: str) -> st.SearchStrategy[dict[str, Any]]:
-    prompt = (
-        {"prompt": st.text(max_size=60) | st.lists(st.integers(0, 2**40), min_size=1, max_size=20)}
-        if kind == "completion"
-        else {"messages": good_messages}
-    )
-    return st.fixed_dictionaries(
-        {"model": st.just(MODEL), **prompt, "max_tokens": st.integers(1, 12)},
-        optional={
-            "temperature": st.sampled_from([0, 0.0, 0.5, 1, 2]),
-            "seed": st.integers(-(2**70), 2**70),
-            "n": st.just(1),
-            "stream": st.booleans(),
-            "top_p": json_values,  # not modelled: accepted and ignored
-            "unknown_field": json_values,
-        },
-    )
-
-
-kinds = st.sampled_from(["completion", "chat"])
 
 
 # --- valid requests --------------------------------------------------------------------------
@@ -247,29 +137,6 @@ def test_one_field_replaced_never_5xx(
     error = check(status, raw, stream=body.get("stream") is True)
     if error is not None and error["param"] is not None:
         assert error["param"].split(".")[0].split("[")[0] in FIELDS, error
-
-
-WRONG: dict[str, st.SearchStrategy[object]] = {
-    "model": st.integers() | st.booleans() | st.lists(st.text(), max_size=2) | st.floats(),
-    "max_tokens": (
-        st.integers(max_value=0)
-        | st.floats().filter(lambda x: not float(x).is_integer())
-        | st.booleans()
-        | st.text(max_size=5)
-        | st.lists(st.integers(), max_size=2)
-    ),
-    "n": st.integers(max_value=0) | st.integers(2, 2**70) | st.floats(0.1, 9.9) | st.booleans(),
-    "temperature": (
-        st.floats().filter(lambda x: not 0 <= x <= 2)
-        | st.booleans()
-        | st.text(max_size=5)
-        | st.integers(3, 2**70)
-        | st.integers(max_value=-1)
-    ),
-    "stream": st.integers() | st.text(max_size=5) | st.floats() | st.lists(st.booleans()),
-    "seed": st.floats() | st.text(max_size=5) | st.booleans() | st.lists(st.integers()),
-    "stream_options": st.integers() | st.text(max_size=5) | st.lists(st.integers(), max_size=2),
-}
 
 
 @examples(300)
@@ -367,7 +234,7 @@ def test_numbers_of_thousands_of_digits(client: Client, kind: str, digits: int, 
 @given(
     kind=kinds,
     text=st.text(st.characters(codec=None, categories=["Cs", "Lu", "Nd"]), min_size=1, max_size=30),
-    raw_bytes=st.binary(min_size=1, max_size=8).filter(lambda b: not _is_utf8(b)),
+    raw_bytes=st.binary(min_size=1, max_size=8).filter(lambda b: not is_utf8(b)),
 )
 def test_surrogates_and_invalid_utf8(
     client: Client, kind: str, text: str, raw_bytes: bytes
@@ -386,22 +253,6 @@ def test_surrogates_and_invalid_utf8(
     status, _, answer = client.post(kind, raw)
     error = check(status, answer)
     assert error is not None and error["code"] == "invalid_json", error
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-_FRAMING = {"content-length", "transfer-encoding", "host", "connection", "expect", "upgrade",
-            "content-encoding"}  # fmt: skip
-header_names = st.from_regex(r"\A[A-Za-z][A-Za-z0-9-]{0,20}\Z").filter(
-    lambda h: h.lower() not in _FRAMING
-)
-header_values = st.from_regex(r"\A[ -~]{0,40}\Z").map(str.strip)
 
 
 @examples(200)
@@ -444,33 +295,7 @@ def test_unknown_routes_and_methods_are_openai_shaped(
 
 def _rss_kib(emulator: EmulatorProcess) -> int:
     assert emulator.proc is not None
-    with open(f"/proc/{emulator.proc.pid}/status") as f:
-        line = next(line for line in f if line.startswith("VmRSS:"))
-    return int(line.split()[1])
-
-
-def _raw_exchange(url: str, head: bytes, body_chunks: Iterator[bytes]) -> bytes:
-    """Send a request by hand; the server may answer and close before it is all sent."""
-    parts = urlsplit(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall(head)
-        try:
-            for chunk in body_chunks:
-                sock.sendall(chunk)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused early: what we want
-        answer = b""
-        with _nothing():
-            while chunk := sock.recv(65536):
-                answer += chunk
-                if b"\r\n\r\n" in answer and answer.endswith(b"}"):
-                    break
-    return answer
-
-
-def _nothing() -> contextlib.suppress:
-    """Ignore the server closing the connection first (what a refusal looks like)."""
-    return contextlib.suppress(ConnectionResetError, BrokenPipeError)
+    return rss_kib(emulator.proc.pid)
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES.values()))
@@ -481,7 +306,7 @@ def test_announced_oversized_body_is_refused_unread(emulator: EmulatorProcess, r
         f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {100 * MAX_BODY_BYTES}\r\n\r\n"
     ).encode()
-    answer = _raw_exchange(emulator.url, head, iter([b'{"model": "' + b"x" * 100_000]))
+    answer = raw_exchange(emulator.url, head, iter([b'{"model": "' + b"x" * 100_000]))
     status = int(answer.split(b" ", 2)[1])
     assert status == 413, answer[:300]
     error = check(status, answer.split(b"\r\n\r\n", 1)[1])
@@ -498,13 +323,13 @@ def test_chunked_oversized_body_is_refused_bounded(emulator: EmulatorProcess) ->
     )
     piece = b"x" * (1 << 20)
     chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
-    answer = _raw_exchange(emulator.url, head, iter([chunk] * (MAX_BODY_BYTES // len(piece) + 16)))
+    answer = raw_exchange(emulator.url, head, iter([chunk] * (MAX_BODY_BYTES // len(piece) + 16)))
     status = int(answer.split(b" ", 2)[1])
     assert status == 413, answer[:300]
     check(status, answer.split(b"\r\n\r\n", 1)[1].split(b"\r\n", 1)[-1].rsplit(b"\r\n0", 1)[0])
     # It read at most its limit, and gives the memory back to its allocator afterwards.
     assert _rss_kib(emulator) - before < 2 * MAX_BODY_BYTES // 1024
-    assert _healthy(emulator.url)
+    assert healthy(emulator.url)
 
 
 def test_slowloris_does_not_block_other_clients(emulator: EmulatorProcess) -> None:
@@ -518,7 +343,7 @@ def test_slowloris_does_not_block_other_clients(emulator: EmulatorProcess) -> No
             if stop.is_set():
                 return
             for sock in slow:
-                with _nothing():
+                with closed_first():
                     sock.send(header[i : i + 1])
             time.sleep(0.05)
 

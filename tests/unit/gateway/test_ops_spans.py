@@ -5,6 +5,7 @@ process, and the span builder on a hand-made record. No prompt text by default."
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import timeit
 import uuid
@@ -151,3 +152,45 @@ def test_no_provider_costs_next_to_nothing() -> None:
     tracer = NoOpTracerProvider().get_tracer("test")
     per_call_s = timeit.timeit(lambda: record_span(tracer, record), number=20_000) / 20_000
     assert per_call_s < 20e-6  # typically ~1 µs
+
+
+async def _refused_through_gateway(emulator: str, provider: TracerProvider, marker: str) -> int:
+    """Malformed, unauthenticated and engine-refused requests carrying ``marker``; the
+    number of requests sent."""
+    config = parse_config({"upstreams": [{"url": emulator}], "tenants": {KEY: {"name": "acme"}}})
+    server = GatewayServer(config)
+    server.tracer = provider.get_tracer("test")
+    url = await server.start()
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": f"about {marker}"}]}
+    sent: list[tuple[str, bytes, int]] = [
+        (KEY, f'{{"model": "{MODEL}", "messages": "{marker}'.encode(), 400),  # not JSON
+        (KEY, json.dumps({**chat, "max_tokens": marker}).encode(), 400),  # wrong type
+        ("wrong", json.dumps(chat).encode(), 401),
+        (KEY, json.dumps({**chat, "temperature": marker}).encode(), 400),  # the engine's
+    ]
+    try:
+        async with aiohttp.ClientSession() as session:
+            for key, body, status in sent:
+                async with session.post(
+                    f"{url}/v1/chat/completions",
+                    data=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as resp:
+                    await resp.read()
+                    assert resp.status == status
+    finally:
+        await server.stop()
+    return len(sent)
+
+
+def test_refused_requests_spans_carry_no_prompt(emulator: str) -> None:
+    provider, exporter = _exporter()
+    marker = f"marker-{uuid.uuid4().hex}"
+    sent = asyncio.run(_refused_through_gateway(emulator, provider, marker))
+    spans = exporter.get_finished_spans()
+    assert len(spans) == sent
+    for span in spans:
+        assert span.status.status_code.name == "ERROR"
+        assert all(marker not in str(v) for v in _attrs(span).values())
+        assert all(marker not in str(e.attributes) for e in span.events)
+        assert marker not in str(span.status.description)

@@ -389,6 +389,22 @@ class AdmissionPolicy:
         self.tickets_honoured = 0
         """Retries let in by their ticket."""
 
+    def reconfigure(self, now: float, config: AdmissionConfig) -> None:
+        """Take ``config`` from now on (a live reload). Outstanding tickets stay valid; a
+        tenant whose budget changed gets a bucket at the new rate holding what it held
+        (at most the new burst), so a reload neither grants a fresh burst nor forgets
+        debt; a tenant whose budget was removed loses its bucket."""
+        old = self.config
+        self.config = config
+        for tenant, bucket in list(self._buckets.items()):
+            if old.limits(tenant) == config.limits(tenant):
+                continue
+            del self._buckets[tenant]
+            level = bucket.level(now)
+            fresh = self._bucket(now, tenant)
+            if fresh is not None:
+                fresh.take_on_credit(now, fresh.level(now) - min(level, fresh.capacity_tokens))
+
     # -- estimates ----------------------------------------------------------------------
 
     def projected_kv_blocks(self, request: AdmissionRequest) -> int:

@@ -531,6 +531,15 @@ class PriorityQueues(Generic[T]):
         self._expired = 0
         self._live = 0
 
+    def reconfigure(self, config: QueueConfig) -> None:
+        """Take ``config`` from now on (a live reload): new bounds, reserves, caps and
+        ageing apply to the next push and pop; new tenant weights to the next finish tag.
+        Queued entries keep their places (a line over a lowered bound drains, nothing is
+        dropped). The drain-rate window keeps its length until the queues are rebuilt."""
+        self.config = config
+        for band in self._bands.values():
+            band.weight = config.weight
+
     # -- time ---------------------------------------------------------------------------
 
     def _touch(self, now: float) -> None:

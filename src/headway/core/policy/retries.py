@@ -230,6 +230,14 @@ class RetryPolicy:
         self._requests = WindowCounter(self.config.budget_window_s)
         self._retries = WindowCounter(self.config.budget_window_s)
 
+    def reconfigure(self, config: RetryConfig) -> None:
+        """Take ``config`` from now on (a live reload); the budget's counts are kept
+        unless the window's length changed."""
+        if config.budget_window_s != self.config.budget_window_s:
+            self._requests = WindowCounter(config.budget_window_s)
+            self._retries = WindowCounter(config.budget_window_s)
+        self.config = config
+
     def record_request(self, now: float) -> None:
         """Count one original request (its first attempt) at ``now``."""
         self._requests.add(now)

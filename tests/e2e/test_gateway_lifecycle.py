@@ -1,0 +1,94 @@
+"""The gateway process's lifecycle: SIGTERM drains (health 503, new calls refused
+``draining``, in-flight calls finish, exit 0), and every answer carries its request id
+(the client's, or one the gateway gives)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from headway.emulate.process import EmulatorProcess
+from headway.gateway.process import GatewayProcess
+
+MODEL = "llama-3-8b"
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def _health(url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_sigterm_drains_in_flight_then_exits_zero() -> None:
+    with EmulatorProcess(["--speedup", "1"]) as engine:
+        config = {"upstreams": [{"url": engine.url}], "shutdown_timeout_s": 20}
+        gateway = GatewayProcess(config)
+        url = gateway.start()
+        try:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 150}  # fmt: skip
+            answers: list[Any] = []
+            long_call = threading.Thread(
+                target=lambda: answers.append(_post(f"{url}/v1/chat/completions", body))
+            )
+            long_call.start()
+            time.sleep(0.3)  # it is in flight (150 tokens take over a second)
+            assert gateway.proc is not None
+            gateway.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while _health(url) != 503:
+                assert time.monotonic() < deadline, "health never said draining"
+                time.sleep(0.02)
+            status, headers, data = _post(f"{url}/v1/chat/completions", {**body, "max_tokens": 2})
+            assert status == 503 and headers["x-headway-shed-reason"] == "draining"
+            assert headers["Retry-After"] == "0"
+            long_call.join(30)
+            status, _, data = answers[0]
+            assert status == 200, data
+            assert json.loads(data)["usage"]["completion_tokens"] == 150
+            assert gateway.proc.wait(10) == 0
+        finally:
+            gateway.stop()
+
+
+def test_answers_carry_the_request_id() -> None:
+    with (
+        EmulatorProcess(["--speedup", "50"]) as engine,
+        GatewayProcess({"upstreams": [{"url": engine.url}]}) as gateway,
+    ):
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        status, headers, _ = _post(
+            f"{gateway.url}/v1/completions", body, {"x-request-id": "abc-123"}
+        )
+        assert status == 200 and headers["x-request-id"] == "abc-123"
+        status, headers, _ = _post(f"{gateway.url}/v1/completions", body)
+        assert status == 200 and headers["x-request-id"]
+        assert headers["x-request-id"] != "abc-123"
+        too_long = "y" * 500  # not echoed: the gateway gives its own id
+        status, headers, _ = _post(
+            f"{gateway.url}/v1/completions", body, {"x-request-id": too_long}
+        )
+        assert headers["x-request-id"] != too_long
+        status, headers, _ = _post(
+            f"{gateway.url}/v1/completions", {"prompt": "x"}, {"x-request-id": "bad-1"}
+        )
+        assert status == 400 and headers["x-request-id"] == "bad-1"

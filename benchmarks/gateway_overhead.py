@@ -24,7 +24,10 @@ cores) and the load generator and upstream on CPU 0, CPU time read from
    and retry once with their ticket; the fraction of first retries that succeed.
 7. **Fairness**: a tenant at 10× a light tenant's rate (equal shares, together 3× the
    engine's capacity): the light tenant's streamed TTFT p99 with it, over its p99 alone.
-8. **Disconnects**: clients that give up while in flight (streaming and not) and while
+8. **Infeasible calls** (a deadline of 100 ms for 1,000 tokens at a configured 10 ms
+   TPOT): refused 503 ``deadline_unmeetable`` at arrival; the client's round trip to the
+   refusal (p50/p99, sequential) beside a bare ``GET /health``, and gateway CPU per refusal.
+9. **Disconnects**: clients that give up while in flight (streaming and not) and while
    queued; freed = the emulator no longer holds the request 100 ms later (in flight), or
    it never received it (queued).
 
@@ -218,6 +221,44 @@ def overhead(requests: int, latency_n: int = 2000) -> dict[str, Any]:
         out["cpu_ms_per_stream"] = cpu / max(len(lat), 1) * 1000
         out["events_per_stream"] = events / max(len(lat), 1)
     return out
+
+
+def infeasible(n: int = 2000) -> dict[str, Any]:
+    """Infeasible calls (the predicted service alone exceeds the deadline) are refused at
+    arrival: the client's round trip to the 503 (sequential, keep-alive) and the
+    gateway's CPU per refusal, beside a bare ``GET /health`` round trip."""
+    config = _gateway_config("http://127.0.0.1:9", tpot_s=0.01, prefill_tokens_per_s=10000.0)
+    body = json.dumps({"model": "mock", "messages": MESSAGE, "max_tokens": 1000}).encode()
+    headers = {**_HEADERS, "x-headway-deadline-ms": "100"}
+
+    async def run(url: str, method: str) -> list[float]:
+        out: list[float] = []
+        async with aiohttp.ClientSession() as session:
+            for _ in range(n):
+                start = time.perf_counter()
+                async with session.request(
+                    method, url, data=body if method == "POST" else None, headers=headers
+                ) as resp:
+                    await resp.read()
+                    if method == "POST":
+                        assert resp.status == 503, resp.status
+                        assert resp.headers["x-headway-shed-reason"] == "deadline_unmeetable"
+                out.append(time.perf_counter() - start)
+        return out
+
+    with GatewayProcess(config, prefix=_pin(1)) as gw:
+        url = f"{gw.url}/v1/chat/completions"
+        uvloop.run(run(url, "POST"))  # warm up
+        refused, cpu = _cpu_during(gw.pid, run(url, "POST"))
+        health = uvloop.run(run(f"{gw.url}/health", "GET"))
+    ms = np.array(refused) * 1000
+    bare = np.array(health) * 1000
+    return {
+        "infeasible_refused_p50_ms": float(np.percentile(ms, 50)),
+        "infeasible_refused_p99_ms": float(np.percentile(ms, 99)),
+        "infeasible_cpu_us_per_refusal": cpu / n * 1e6,
+        "bare_round_trip_p50_ms": float(np.percentile(bare, 50)),
+    }
 
 
 def litellm(venv: Path, requests: int) -> dict[str, Any]:
@@ -512,7 +553,7 @@ def main() -> int:
     parser.add_argument("--litellm-venv", type=Path, default=Path("/tmp/litellm-venv"))
     parser.add_argument("--overload-seconds", type=float, default=10.0)
     parser.add_argument("--disconnect-rounds", type=int, default=6)
-    phases = "litellm, overload, obedience, fairness, disconnect"
+    phases = "litellm, overload, obedience, fairness, infeasible, disconnect"
     parser.add_argument("--skip", action="append", default=[], help=f"skip: {phases}")
     parser.add_argument(
         "--only-fairness",
@@ -549,6 +590,9 @@ def main() -> int:
     if "fairness" not in args.skip:
         result.update(fairness(args.overload_seconds, headroom))
         print(json.dumps({k: v for k, v in result.items() if k.startswith("light")}))
+    if "infeasible" not in args.skip:
+        result.update(infeasible())
+        print(json.dumps({k: v for k, v in result.items() if "infeasible" in k or "bare" in k}))
     if "disconnect" in args.skip:
         result["disconnect_freed_fraction"] = None
     else:

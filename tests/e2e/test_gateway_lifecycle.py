@@ -92,3 +92,63 @@ def test_answers_carry_the_request_id() -> None:
             f"{gateway.url}/v1/completions", {"prompt": "x"}, {"x-request-id": "bad-1"}
         )
         assert status == 400 and headers["x-request-id"] == "bad-1"
+
+
+def test_fallback_routes_only_where_the_data_policy_allows_and_revision_pins() -> None:
+    """A route whose upstreams are all out of rotation hands its calls to its fallback only
+    when the core policy allows it (same data policy and quality class): the answer says
+    which route served it. A route whose fallback handles data differently fails
+    truthfully (503 naming why). A revision pin reaches only matching upstreams."""
+    with (
+        EmulatorProcess(["--speedup", "50", "--served-model-name", "big"]) as big,
+        EmulatorProcess(["--speedup", "50", "--served-model-name", "small",
+                         "--revision", "r2"]) as small,
+        EmulatorProcess(["--speedup", "50", "--served-model-name", "external"]) as external,
+    ):  # fmt: skip
+        dead = "http://127.0.0.1:9"
+        config = {
+            "upstreams": [
+                {"url": big.url, "route": "big", "revision": "r1"},
+                {"url": small.url, "route": "small", "revision": "r2"},
+                {"url": external.url, "route": "external", "revision": "r1"},
+                {"url": dead, "route": "secret"},
+            ],
+            "routes": {
+                "big": {"fallback": "small", "data_policy": "internal", "quality_class": "q"},
+                "small": {"data_policy": "internal", "quality_class": "q"},
+                "secret": {"fallback": "external", "data_policy": "restricted"},
+                "external": {"data_policy": "public"},
+            },
+            "admin_token": "adm",
+        }
+        with GatewayProcess(config) as gateway:
+            chat = f"{gateway.url}/v1/chat/completions"
+            admin = {"Authorization": "Bearer adm"}
+
+            def ask(model: str, **headers: str) -> Any:
+                body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 2}  # fmt: skip
+                return _post(chat, body, headers)
+
+            status, headers, data = ask("big")
+            assert status == 200 and json.loads(data)["model"] == "big"
+            assert "x-headway-route" not in headers
+            for url in (big.url, dead):
+                drained = _post(f"{gateway.url}/admin/drain", {"upstream": url}, admin)
+                assert drained[0] == 200, drained
+            status, headers, data = ask("big")
+            assert status == 200, data
+            assert headers["x-headway-route"] == "small"
+            assert json.loads(data)["model"] == "small"
+            status, headers, data = ask("secret")
+            assert status == 503 and headers["x-headway-shed-reason"] == "downstream_unhealthy"
+            message = json.loads(data)["error"]["message"]
+            assert "no fallback" in message and "'restricted'" in message, message
+            # Revision pins: an unknown revision is a client mistake naming the header.
+            status, _, data = ask("small", **{"x-headway-revision": "r9"})
+            assert status == 400 and "x-headway-revision" in json.loads(data)["error"]["message"]
+            status, _, data = ask("small", **{"x-headway-revision": "r2"})
+            assert status == 200, data
+            with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            assert 'headway_gateway_fallbacks_total{route="big",fallback="small"} 1' in text

@@ -244,7 +244,7 @@ _DRILLS: Final = [
         title="Exhaust the request queue, not device memory",
         seed_text="Exhaust the request queue without exhausting device memory.",
         designed=(
-            "Reject early: at 4× capacity the bounded queues fill and further calls are "
+            "Reject early: at about 5× capacity the bounded queues fill and further calls are "
             "refused at arrival (429 queue_full, or 503 when the deadline cannot be met) with "
             "a truthful Retry-After; engines never preempt and queued calls past their "
             "deadline expire without reaching an engine."
@@ -255,12 +255,14 @@ _DRILLS: Final = [
             stream_fraction=0.3,
             retry="none",
             deadline_ms=2500,
-            max_tokens=48,
+            max_tokens=96,
         ),
         stack=StackSpec(
-            gateway={"queues": {"interactive": {"max_queued_requests": 16, "max_wait_s": 2.0}}}
+            max_num_seqs=2,
+            gateway={"queues": {"interactive": {"max_queued_requests": 16, "max_wait_s": 2.0}}},
         ),
         expect=[
+            Expect(figure="overload_factor", op=">=", value=3, why="the queue really fills"),
             Expect(
                 figure="gateway_sheds",
                 op=">=",
@@ -433,9 +435,10 @@ _DRILLS: Final = [
         title="Retry storm",
         seed_text="Bounded retries do not duplicate expensive work indefinitely.",
         designed=(
-            "Refuse cheaply: clients that retry at once, ignoring Retry-After, are refused at "
-            "the gateway in microseconds; engines see each admitted call once, so their work "
-            "is not amplified, and the gateway's own retries stay within the budget."
+            "Refuse cheaply: at about 4× capacity, clients that retry at once, ignoring "
+            "Retry-After, are refused at the gateway in microseconds; engines see each "
+            "admitted call once, so their work is not amplified, and the gateway's own "
+            "retries stay within the budget."
         ),
         load=LoadSpec(
             rate_per_s=50,
@@ -443,10 +446,15 @@ _DRILLS: Final = [
             stream_fraction=0.3,
             retry="storm",
             max_attempts=5,
-            max_tokens=48,
+            max_tokens=96,
         ),
-        stack=StackSpec(gateway={"queues": {"interactive": {"max_queued_requests": 16}}}),
+        stack=StackSpec(
+            max_num_seqs=2, gateway={"queues": {"interactive": {"max_queued_requests": 16}}}
+        ),
         expect=[
+            Expect(
+                figure="overload_factor", op=">=", value=2.5, why="the storm meets a full house"
+            ),
             Expect(
                 figure="work_amplification",
                 op="<=",
@@ -543,15 +551,17 @@ _DRILLS: Final = [
             "serves the rest at capacity, keeps its memory flat and accounts for every call."
         ),
         load=LoadSpec(
-            rate_per_s=200,
+            rate_per_s=125,
             duration_s=20,
             stream_fraction=0.3,
-            max_tokens=48,
+            max_tokens=96,
             retry="obey",
             max_attempts=2,
             tenants={A: 1.0, B: 1.0, HEAVY: 4.0},
         ),
+        stack=StackSpec(max_num_seqs=2),
         expect=[
+            Expect(figure="overload_factor", op=">=", value=8, why="10× the served rate"),
             Expect(
                 figure="rss_growth",
                 op="<=",

@@ -45,6 +45,9 @@ FIGURES: Final[dict[str, str]] = {
     "engine_generated_tokens": "tokens the engines generated",
     "work_amplification": "tokens generated / tokens the ok calls asked for",
     "ttft_p99_s": "p99 time to first byte of the ok calls",
+    "offered_per_s": "calls offered per second of load",
+    "served_per_s": "ok calls per second of load (the capacity, when overloaded)",
+    "overload_factor": "offered / served: how far over capacity the load was",
     "rss_growth": "gateway memory in the last third / the middle third of the run",
     "rss_peak_mb": "highest gateway memory sampled",
     "shared_budgets_unhealthy_samples": "samples where a gateway served on local shares",
@@ -425,6 +428,10 @@ def _figures(
         mine = [c for c in calls if c.key == sent and c.state != "cancelled"]
         if mine:
             f[f"ok_fraction_{key}"] = sum(1 for c in mine if c.state == "ok") / len(mine)
+    duration_s = drill.load.duration_s
+    f["offered_per_s"] = len(calls) / duration_s
+    f["served_per_s"] = counts["ok"] / duration_s
+    f["overload_factor"] = f["offered_per_s"] / f["served_per_s"] if counts["ok"] else math.inf
     ttft = [c.ttft_s for c in calls if c.state == "ok" and c.ttft_s is not None]
     f["ttft_p99_s"] = _quantile(ttft, 0.99) or math.nan
     rss = [r for r in sampler.series["rss_mb"] if math.isfinite(r)]

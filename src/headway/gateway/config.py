@@ -17,11 +17,19 @@ import yaml
 from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionConfig, TenantLimits
 from headway.core.policy.budgets import share_budgets
+from headway.core.policy.fallback import FallbackConfig
 from headway.core.policy.queues import BANDS, QueueConfig
 from headway.core.policy.retries import RetryConfig
 from headway.core.workload.spec import Priority
 
-__all__ = ["GatewayFileConfig", "TenantConfig", "UpstreamConfig", "load_config", "parse_config"]
+__all__ = [
+    "GatewayFileConfig",
+    "RouteConfig",
+    "TenantConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_config",
+]
 
 
 class UpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -50,6 +58,10 @@ class UpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     served_model: str | None = None
     """With ``pool``: the ``model`` name the probe sends."""
 
+    route: str | None = None
+    """With ``routes``: the route (the ``model`` clients send) it serves; None: every
+    route."""
+
     kv_blocks: int | None = None
     """Its KV blocks (vLLM's ``num_gpu_blocks``; default ``kv_blocks_per_upstream``, or
     what the pool scrapes from its ``/metrics``)."""
@@ -62,6 +74,20 @@ class UpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             )
         if self.slots is not None and self.slots < 1:
             raise ValueError(f"upstreams[].slots must be >= 1 (got {self.slots}); or omit it")
+
+
+class RouteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One model route (a :class:`~headway.core.policy.fallback.RouteView`): what may stand
+    in for it when none of its upstreams can take a call."""
+
+    fallback: str | None = None
+    """The route that may substitute (None: none; calls fail truthfully)."""
+
+    data_policy: str = "default"
+    """How the route handles data; a fallback must have the same (seed 000)."""
+
+    quality_class: str = "default"
+    """The quality class the route was evaluated in; a fallback must have the same."""
 
 
 class TenantConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -112,6 +138,17 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     models: list[str] = msgspec.field(default_factory=list)
     """Model names clients may send in ``model`` (404 for others). Empty: any; ``/v1/models``
     is then relayed from an upstream."""
+
+    routes: dict[str, RouteConfig] = msgspec.field(default_factory=dict)
+    """Model routes by the ``model`` name clients send, with their fallbacks. Empty: one
+    route; every upstream serves every call. With routes, an upstream's ``route`` says
+    which calls it takes, and a call whose route has no routable upstream goes to its
+    fallback when the core fallback policy allows it (same data policy and quality
+    class, healthy), with its ``model`` rewritten and ``x-headway-route`` set."""
+
+    fallback: FallbackConfig = FallbackConfig()
+    """The fallback policy (the core's :class:`~headway.core.policy.fallback.FallbackConfig`:
+    ``enabled``, ``max_hops``, ``min_health``)."""
 
     preset: Literal["headway-default"] = "headway-default"
     """The policy preset; ``admission``/``queues``/``retries`` override its settings."""
@@ -261,6 +298,18 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             if token is not None and token in self.tenants:
                 raise ValueError(
                     f"{name} must differ from every tenant API key; a tenant could use it"
+                )
+        for name, route in self.routes.items():
+            if route.fallback is not None and route.fallback not in self.routes:
+                raise ValueError(
+                    f"routes.{name}.fallback names {route.fallback!r}, which is not a route; "
+                    f"use one of {sorted(self.routes)} or null"
+                )
+        for up in self.upstreams:
+            if up.route is not None and up.route not in self.routes:
+                raise ValueError(
+                    f"upstreams[].route {up.route!r} (of {up.url}) is not in routes; "
+                    f"add it to routes or use one of {sorted(self.routes) or 'no route'}"
                 )
         reserved = self.queue_config().critical_reserved_slots
         for up in self.upstreams:

@@ -43,6 +43,7 @@ from headway.core.policy.admission import (
     TenantLoad,
 )
 from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
+from headway.core.policy.fallback import FallbackPolicy, NoFallback, UseFallback
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, Queued
 from headway.core.policy.rates import WindowCounter
 from headway.core.policy.retries import RetryPolicy
@@ -59,6 +60,8 @@ class UpstreamState:
 
     url: str
     revision: str | None = None
+    route: str | None = None
+    """The route it serves (None: every route)."""
     slots: int = 64
     total_kv_blocks: int = 1_000_000
     api_key: str | None = None
@@ -124,6 +127,7 @@ class Lease:
     revision: str | None
     deadline_s: float | None
     ready: asyncio.Future[UpstreamState | Shed]
+    route: str | None = None
     upstream: UpstreamState | None = None
     dead: bool = False
     """The client went away while it was queued: skip it when popped."""
@@ -146,6 +150,7 @@ class Controller:
         self.admission = AdmissionPolicy(self._admission_config(config))
         self.queues: PriorityQueues[Lease] = PriorityQueues(config.queue_config())
         self.retries = RetryPolicy(config.retries)
+        self.fallback = FallbackPolicy(config.fallback)
         self.router = Router("least_outstanding_requests")
         self.source: UpstreamSource = source or StaticUpstreams(
             [self._state(i) for i in range(len(config.upstreams))]
@@ -172,6 +177,7 @@ class Controller:
         self.admission.reconfigure(self.now(), self._admission_config(config))
         self.queues.reconfigure(config.queue_config())
         self.retries.reconfigure(config.retries)
+        self.fallback = FallbackPolicy(config.fallback)
         self.config = config
         self.pump()
 
@@ -191,6 +197,7 @@ class Controller:
         return UpstreamState(
             url=up.url.rstrip("/"),
             revision=up.revision,
+            route=up.route,
             slots=up.slots or self.config.slots_per_upstream,
             total_kv_blocks=self.config.kv_blocks_per_upstream,
             api_key=up.api_key,
@@ -215,7 +222,10 @@ class Controller:
                 outstanding_tokens=u.outstanding_tokens,
                 free_kv_blocks=u.free_kv_blocks,
                 revision=u.revision,
-                ready=u.ready and u.outstanding_requests < u.slots and u not in exclude,
+                ready=u.ready
+                and u.outstanding_requests < u.slots
+                and u not in exclude
+                and (lease.route is None or u.route is None or u.route == lease.route),
             )
             for u in ups
         ]
@@ -227,10 +237,29 @@ class Controller:
         )
         return self.router.route(now, request, loads)
 
-    def snapshot(self, now: float, request: AdmissionRequest) -> LoadSnapshot:
-        """The load admission reads for ``request`` at ``now``."""
+    def route_health(self, route: str | None) -> float:
+        """Ready upstreams of ``route`` / its upstreams (0 when none serves it)."""
+        ups = [u for u in self.source.upstreams() if _serves(u, route)]
+        return sum(1 for u in ups if u.ready) / len(ups) if ups else 0.0
+
+    def choose_route(self, route: str) -> tuple[str, NoFallback | None]:
+        """The route a call for ``route`` goes to: its own while any of its upstreams is
+        routable, else the fallback the core policy allows (the reason when none)."""
+        if self.route_health(route) > 0:
+            return route, None
+        routes = self.config.routes
+        health = {name: self.route_health(name) for name in routes}
+        decision = self.fallback.choose(self.now(), route, routes, health)
+        if isinstance(decision, UseFallback):
+            return decision.route, None
+        return route, decision
+
+    def snapshot(
+        self, now: float, request: AdmissionRequest, route: str | None = None
+    ) -> LoadSnapshot:
+        """The load admission reads for ``request`` (bound for ``route``) at ``now``."""
         ups = self.source.upstreams()
-        ready = [u for u in ups if u.ready]
+        ready = [u for u in ups if u.ready and _serves(u, route)]
         total = sum(u.slots for u in ready)
         if total > self.queues.config.critical_reserved_slots:
             by_band = self.queues.free_slots_by_band(total_slots=total, running=self.running)
@@ -309,15 +338,18 @@ class Controller:
 
     # -- offer / dispatch / release --------------------------------------------------------
 
-    def offer(self, request: AdmissionRequest, revision: str | None = None) -> Shed | Lease:
-        """Decide on one request now: a shed, or a lease (dispatched or queued)."""
+    def offer(
+        self, request: AdmissionRequest, revision: str | None = None, route: str | None = None
+    ) -> Shed | Lease:
+        """Decide on one request now: a shed, or a lease (dispatched or queued) to an
+        upstream of ``revision`` and ``route`` (None: any)."""
         now = self.now()
         self._last_seen[request.tenant] = now
         if self.budgets is not None:
             refused = self.budgets.check(now, request.tenant, request.cost_tokens)
             if refused is not None:
                 return refused
-        decision = self.admission.decide(now, request, self.snapshot(now, request))
+        decision = self.admission.decide(now, request, self.snapshot(now, request, route))
         if isinstance(decision, Shed):
             self._give_back(now, request.tenant, request.cost_tokens)
             return decision
@@ -330,6 +362,7 @@ class Controller:
             revision=revision,
             deadline_s=request.deadline_s,
             ready=loop.create_future(),
+            route=route,
         )
         if isinstance(decision, Admit):
             caps = self.slot_caps(now, self.total_slots())
@@ -499,3 +532,8 @@ class Controller:
             {b: s.queued_requests for b, s in stats.bands.items()},
             {t: s.queued_requests for t, s in stats.tenants.items()},
         )
+
+
+def _serves(upstream: UpstreamState, route: str | None) -> bool:
+    """Whether ``upstream`` takes calls for ``route`` (None: any call)."""
+    return route is None or upstream.route is None or upstream.route == route

@@ -47,6 +47,7 @@ class PoolSource:
             state = UpstreamState(
                 url=u.url,
                 revision=u.revision,
+                route=up.route,
                 slots=up.slots or config.slots_per_upstream,
                 total_kv_blocks=up.kv_blocks or config.kv_blocks_per_upstream,
                 api_key=up.api_key,
@@ -77,6 +78,7 @@ class PoolSource:
                 state = UpstreamState(url=u.url, api_key=up.api_key)
                 self._by_url[u.url] = state
             state.revision = u.revision
+            state.route = up.route
             state.slots = up.slots or config.slots_per_upstream
             state.total_kv_blocks = (
                 u.kv_blocks_total or up.kv_blocks or config.kv_blocks_per_upstream

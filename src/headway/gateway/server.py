@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import math
@@ -68,6 +69,9 @@ TICKET_HEADER: Final = "x-headway-retry-ticket"
 REASON_HEADER: Final = "x-headway-shed-reason"
 ANONYMOUS: Final = "anonymous"
 _REQUEST_ID: Final = web.RequestKey("request_id", str)
+_ROUTE: Final = web.RequestKey("route", str)
+REVISION_HEADER: Final = "x-headway-revision"
+ROUTE_HEADER: Final = "x-headway-route"
 
 _STATUS: Final[dict[ShedReason, int]] = {
     ShedReason.QUEUE_FULL: 429,
@@ -161,6 +165,7 @@ class _Parsed:
     band: Band
     deadline_s: float | None
     ticket: int | None
+    revision: str | None = None
 
 
 class GatewayServer:
@@ -309,6 +314,11 @@ class GatewayServer:
         )
         self.m_retries = reg.counter(
             "headway_gateway_upstream_retries_total", "Attempts moved to another upstream."
+        )
+        self.m_fallbacks = reg.counter(
+            "headway_gateway_fallbacks_total",
+            "Calls sent to a fallback route, by the route asked for and the one used.",
+            ["route", "fallback"],
         )
         self.m_upstream_errors = reg.counter(
             "headway_gateway_upstream_errors_total", "Failed upstream attempts.", ["upstream"]
@@ -485,9 +495,19 @@ class GatewayServer:
         deadline = self.deadlines.assign(now, budget_s)
         ticket_text = headers.get(TICKET_HEADER)
         ticket = parse_whole(ticket_text) if ticket_text else None  # garbage: no ticket
+        revision = headers.get(REVISION_HEADER)
+        if revision is not None:
+            known = {u.revision for u in self.controller.source.upstreams() if u.revision}
+            if revision not in known:
+                raise ClientError(
+                    400,
+                    f"{REVISION_HEADER}: no upstream serves revision {revision[:64]!r}; "
+                    f"use one of {', '.join(sorted(known)) or '(none declared)'} or omit it",
+                    param=REVISION_HEADER,
+                )
         return _Parsed(
             tenant, name, body, raw, band, None if deadline is None else deadline.deadline_s,
-            ticket,
+            ticket, revision,
         )  # fmt: skip
 
     # -- generation ------------------------------------------------------------------------
@@ -583,8 +603,21 @@ class GatewayServer:
         )
         ctl.retries.record_request(ctl.now())
         record.tokens_in = admission.prompt_tokens
-        got = ctl.offer(admission)
+        route = body.model if body.model in self.config.routes else None
+        no_fallback = None
+        if route is not None:
+            chosen, no_fallback = ctl.choose_route(route)
+            if chosen != route:  # the core fallback policy allowed a substitute
+                parsed = dataclasses.replace(parsed, raw=_with_model(parsed.raw, chosen))
+                request[_ROUTE] = chosen
+                self.m_fallbacks.inc(route, chosen)
+                route = chosen
+        got = ctl.offer(admission, revision=parsed.revision, route=route)
         if isinstance(got, Shed):
+            if no_fallback is not None and got.reason is ShedReason.DOWNSTREAM_UNHEALTHY:
+                got = dataclasses.replace(
+                    got, detail=f"{got.detail}; no fallback: {no_fallback.detail}"
+                )
             return self._shed_response(got, record)
         lease = got
         planned = admission.planned_output_tokens
@@ -915,11 +948,13 @@ class GatewayServer:
                 state = by_url[url]
                 state.slots = up.slots or new.slots_per_upstream
                 state.revision = up.revision
+                state.route = up.route
                 state.draining = False
             elif isinstance(ups, list):
                 ups.append(
                     UpstreamState(
-                        url=url, revision=up.revision, slots=up.slots or new.slots_per_upstream,
+                        url=url, revision=up.revision, route=up.route,
+                        slots=up.slots or new.slots_per_upstream,
                         total_kv_blocks=new.kv_blocks_per_upstream, api_key=up.api_key,
                     )
                 )  # fmt: skip
@@ -942,10 +977,21 @@ class GatewayServer:
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """Every answer to a generate request carries its ``x-request-id`` (the client's, or
-    the one the gateway gave it; the upstream gets the same), to find it in logs and spans."""
+    the one the gateway gave it; the upstream gets the same), to find it in logs and spans,
+    and ``x-headway-route`` when a fallback route served it."""
     request_id = request.get(_REQUEST_ID)
     if request_id is not None:
         response.headers["x-request-id"] = request_id
+    route = request.get(_ROUTE)
+    if route is not None:
+        response.headers[ROUTE_HEADER] = route
+
+
+def _with_model(raw: bytes, model: str) -> bytes:
+    """The body with its ``model`` replaced (a fallback route; the rare path re-encodes)."""
+    data = msgspec.json.decode(raw)
+    data["model"] = model
+    return msgspec.json.encode(data)
 
 
 def _shared_budgets(config: GatewayFileConfig, redis_url: str) -> SharedBudgets:

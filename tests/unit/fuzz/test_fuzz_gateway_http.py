@@ -155,8 +155,10 @@ def strict_json(body: object) -> bool:
     by the gateway's decoder)."""
     try:
         text = json.dumps(body, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")
-    except (ValueError, UnicodeEncodeError):
+        # A high surrogate followed by a low one is a pair: on the wire (escaped, as the
+        # client sends it) it is one valid character.
+        text.encode("utf-16", "surrogatepass").decode("utf-16").encode("utf-8")
+    except (ValueError, UnicodeError):
         return False
     return True
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from binaries import require_binary
+from browser import open_report
 from headway.drill.catalog import DRILLS
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("drills")]
@@ -44,3 +45,7 @@ def test_drill_all_passes_against_the_local_stack(tmp_path: Path) -> None:
     for name in DRILLS:
         assert f"id='{name}'" in page
     assert "FAIL" not in page
+    seen = open_report(out / "drills.html", tmp_path / "drills.png")
+    assert seen.errors == [] and seen.requests == [(out / "drills.html").as_uri()]
+    assert len(seen.plots) >= 2 * len(DRILLS)  # running requests and KV use, per drill
+    assert seen.empty_plots() == [], seen.empty_plots()

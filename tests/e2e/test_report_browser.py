@@ -1,10 +1,9 @@
 """``report.html`` opened in headless Chromium: no console errors, no network, every plot drawn.
 
-Needs ``/usr/bin/chromium`` and the ``playwright`` package (no browser download: the
-system Chromium is launched directly). Under ``CI=true`` a missing one fails the test;
-elsewhere it skips. The full-page screenshot goes to the test's temporary folder;
-``HEADWAY_UPDATE_SCREENSHOT=1`` also writes the top of the page to
-``docs/report-screenshot.png`` for the README.
+Needs ``/usr/bin/chromium`` and the ``playwright`` package (``tests/browser.py``); under
+``CI=true`` a missing one fails the test, elsewhere it skips. The full-page screenshot
+goes to the test's temporary folder; ``HEADWAY_UPDATE_SCREENSHOT=1`` also writes the top
+of the page to ``docs/report-screenshot.png`` for the README.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from browser import open_report
 from headway.files.jsonout import to_builtins
 from headway.files.workload import load_workload
 from headway.planner.executors import LocalExecutor
@@ -24,16 +24,7 @@ from headway.planner.simulated import PlanSettings
 from headway.report.html import render_plan_html
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+CLIP = {"x": 0, "y": 0, "width": 1200, "height": 1560}
 PLOTS = {
     "attainment", "goodput", "latency-ttft", "latency-tpot", "latency-e2e", "replicas",
     "burst-queue", "burst-kv", "tails",
@@ -54,14 +45,6 @@ BAD_DAYS = {
 }  # fmt: skip
 
 
-def _need(found: bool, what: str) -> None:
-    if not found:
-        message = f"{what} is missing (CI installs it: apt-get install -y chromium; pip)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference assistant's report: a lighter plan, or the full one for the README."""
@@ -78,46 +61,16 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_report_in_chromium(report: Path, tmp_path: Path) -> None:
-    _need(CHROMIUM.exists(), str(CHROMIUM))
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _need(False, "the playwright package")
-        return
-    errors: list[str] = []
-    requests: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(report.as_uri(), wait_until="load")
-            plots = page.evaluate(
-                """() => [...document.querySelectorAll('svg.plot')].map(s => {
-                    const marks = [...s.querySelectorAll('.series')].map(e => e.getBBox());
-                    const r = s.getBoundingClientRect();
-                    return {name: s.dataset.plot, width: r.width, height: r.height,
-                            marks: marks.filter(b => b.width > 0 || b.height > 0).length};
-                })"""
-            )
-            shot = tmp_path / "report.png"
-            page.screenshot(path=str(shot), full_page=True)
-            if os.environ.get("HEADWAY_UPDATE_SCREENSHOT") == "1":  # the README's: the top
-                page.screenshot(
-                    path=str(ROOT / "docs" / "report-screenshot.png"),
-                    clip={"x": 0, "y": 0, "width": 1200, "height": 1560},
-                    full_page=True,
-                )
-        finally:
-            browser.close()
-    assert errors == []
-    assert requests == [report.as_uri()]  # the file itself, nothing else
-    names = {p["name"] for p in plots}
+    shot = tmp_path / "report.png"
+    readme = None
+    if os.environ.get("HEADWAY_UPDATE_SCREENSHOT") == "1":  # the README's: the top
+        readme = (ROOT / "docs" / "report-screenshot.png", CLIP)
+    seen = open_report(report, shot, readme)
+    assert seen.errors == []
+    assert seen.requests == [report.as_uri()]  # the file itself, nothing else
+    names = {p["name"] for p in seen.plots}
     assert names >= PLOTS, f"missing plots: {PLOTS - names}"
-    empty = [p["name"] for p in plots if not (p["width"] > 0 and p["height"] > 0 and p["marks"])]
-    assert empty == [], f"plots drawn empty: {empty}"
+    assert seen.empty_plots() == [], f"plots drawn empty: {seen.empty_plots()}"
     assert shot.stat().st_size > 10_000
 
 

@@ -112,6 +112,7 @@ def render_drills_html(data: dict[str, Any]) -> str:
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta name='viewport' content='width=device-width,initial-scale=1'><title>{title}"
-        f"</title><style>{CSS}</style></head><body><h1>{title}</h1>"
+        f"</title><style>{CSS}td:last-child,th:last-child{{text-align:left}}</style></head>"
+        f"<body><h1>{title}</h1>"
         f"<p class='muted'>{html.escape(meta)}.</p>{''.join(body)}</body></html>\n"
     )

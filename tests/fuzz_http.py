@@ -10,6 +10,8 @@ import http.client
 import json
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -228,3 +230,40 @@ def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         line = next(line for line in f if line.startswith("VmRSS:"))
     return int(line.split()[1])
+
+
+def assert_slowloris_does_not_block(url: str, headers: dict[str, str]) -> int:
+    """64 clients trickle a request header a byte at a time while one fast client sends 50
+    requests: every fast one is answered 200 within 10 s. Returns the fast requests sent."""
+    parts = urlsplit(url)
+    stop = threading.Event()
+    slow = [socket.create_connection((parts.hostname, parts.port), timeout=10) for _ in range(64)]
+
+    def trickle() -> None:
+        header = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
+        for i in range(len(header)):
+            if stop.is_set():
+                return
+            for sock in slow:
+                with closed_first():
+                    sock.send(header[i : i + 1])
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        fast = Client(url)
+        started = time.monotonic()
+        for i in range(50):
+            body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": 4}
+            status, _, raw = fast.post("completion", body, {**headers, "Connection": "close"})
+            assert status == 200, raw[:300]
+        assert time.monotonic() - started < 10
+        fast.close()
+        return fast.count
+    finally:
+        stop.set()
+        thread.join()
+        for sock in slow:
+            sock.close()

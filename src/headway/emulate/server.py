@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -33,6 +33,7 @@ from headway.emulate.openai_api import ApiError, GenerationRequest, error_body, 
 from headway.emulate.openapi import openapi_document
 from headway.emulate.tokens import OutputTokens, prompt_block_hashes, token_text
 from headway.emulate.wallclock import Generation, WallClockEngine
+from headway.http_errors import openai_shaped_errors, too_large_response
 
 __all__ = ["CRASH_EXIT_CODE", "EmulatorServer", "EmulatorSettings"]
 
@@ -52,44 +53,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 _ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
 
 
-def _too_large() -> ApiError:
-    return ApiError(
-        413,
-        f"the request body is larger than the {MAX_BODY_BYTES} bytes this server reads; "
-        "send a shorter prompt",
-        code="request_too_large",
-    )
-
-
-@web.middleware
-async def _openai_shaped_http_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Answer aiohttp's own 4xx (no route, wrong method, body too large) in OpenAI's shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        headers = {}
-        if isinstance(error, web.HTTPMethodNotAllowed):
-            allowed = ", ".join(sorted(error.allowed_methods))
-            message = f"{request.method} is not allowed on {request.path}; use {allowed}"
-            headers["Allow"] = allowed
-        elif isinstance(error, web.HTTPNotFound):
-            message = f"no route {request.method} {request.path}; this server serves {_ROUTES}"
-        elif isinstance(error, web.HTTPRequestEntityTooLarge):
-            return _too_large_response()
-        else:
-            message = f"{error.reason}: {error.text or ''}".strip()
-        body = error_body(message, error.status, code=error.reason.lower().replace(" ", "_"))
-        return web.json_response(body, status=error.status, headers=headers)
-
-
 def _too_large_response() -> web.Response:
-    response = web.json_response(_too_large().body(), status=413)
-    response.force_close()  # the rest of the body is not read
-    return response
+    return too_large_response(MAX_BODY_BYTES, "server")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +103,8 @@ class EmulatorServer:
             "headway_emulator_client_errors_total", "Requests refused as client mistakes (4xx)."
         )
         self.app = web.Application(
-            client_max_size=MAX_BODY_BYTES, middlewares=[_openai_shaped_http_errors]
+            client_max_size=MAX_BODY_BYTES,
+            middlewares=[openai_shaped_errors(_ROUTES, MAX_BODY_BYTES, "server")],
         )
         self.app.router.add_post("/v1/completions", self._completions)
         self.app.router.add_post("/v1/chat/completions", self._chat)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+
+from headway.http_errors import error_response
+from headway.http_errors import openai_shaped_errors as _shaped
+from headway.http_errors import too_large_response as _too_large
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -38,56 +41,13 @@ ROUTES: Final = (
 )
 
 
-def error_response(
-    status: int,
-    message: str,
-    *,
-    kind: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    """An OpenAI-shaped error answer."""
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
-
-
 def too_large_response() -> web.Response:
-    """413 for a body over :data:`MAX_BODY_BYTES`; the connection closes (the rest of the
-    body is never read)."""
-    response = error_response(
-        413,
-        f"the request body is larger than the {MAX_BODY_BYTES} bytes this gateway reads; "
-        "send a shorter prompt",
-        code="request_too_large",
-    )
-    response.force_close()
-    return response
+    """413 for a body over :data:`MAX_BODY_BYTES`, unread."""
+    return _too_large(MAX_BODY_BYTES, "gateway")
 
 
-@web.middleware
-async def openai_shaped_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Answer aiohttp's own 4xx (no route, wrong method, body too large) in OpenAI's shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        headers: dict[str, str] = {}
-        if isinstance(error, web.HTTPMethodNotAllowed):
-            allowed = ", ".join(sorted(error.allowed_methods))
-            message = f"{request.method} is not allowed on {request.path}; use {allowed}"
-            headers["Allow"] = allowed
-        elif isinstance(error, web.HTTPNotFound):
-            message = f"no route {request.method} {request.path}; this gateway serves {ROUTES}"
-        elif isinstance(error, web.HTTPRequestEntityTooLarge):
-            return too_large_response()
-        else:
-            message = f"{error.reason}: {error.text or ''}".strip()
-        code = error.reason.lower().replace(" ", "_")
-        return error_response(error.status, message, code=code, headers=headers)
+openai_shaped_errors: Final = _shaped(ROUTES, MAX_BODY_BYTES, "gateway")
+"""aiohttp's own 4xx in OpenAI's shape (:func:`headway.http_errors.openai_shaped_errors`)."""
 
 
 def parse_whole(text: str) -> int | None:

@@ -17,12 +17,9 @@ client that must not block others. ``HEADWAY_FUZZ_EXAMPLES`` multiplies the exam
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from hypothesis import given
@@ -34,7 +31,7 @@ from fuzz_http import (
     ROUTES,
     WRONG,
     Client,
-    closed_first,
+    assert_slowloris_does_not_block,
     examples,
     header_names,
     header_values,
@@ -333,34 +330,4 @@ def test_chunked_oversized_body_is_refused_bounded(emulator: EmulatorProcess) ->
 
 
 def test_slowloris_does_not_block_other_clients(emulator: EmulatorProcess) -> None:
-    parts = urlsplit(emulator.url)
-    stop = threading.Event()
-    slow = [socket.create_connection((parts.hostname, parts.port), timeout=10) for _ in range(64)]
-
-    def trickle() -> None:
-        header = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
-        for i in range(len(header)):
-            if stop.is_set():
-                return
-            for sock in slow:
-                with closed_first():
-                    sock.send(header[i : i + 1])
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=trickle, daemon=True)
-    thread.start()
-    try:
-        time.sleep(0.3)
-        fast = Client(emulator.url)
-        started = time.monotonic()
-        for i in range(50):
-            body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": 4}
-            status, _, raw = fast.post("completion", body, {"Connection": "close"})
-            assert status == 200, raw[:300]
-        assert time.monotonic() - started < 10
-        fast.close()
-    finally:
-        stop.set()
-        thread.join()
-        for sock in slow:
-            sock.close()
+    assert_slowloris_does_not_block(emulator.url, {})

@@ -18,10 +18,12 @@ class HeadwayError(Exception):
     """Base class of every error headway raises on purpose."""
 
 
-class ConfigError(HeadwayError):
+class ConfigError(HeadwayError, ValueError):
     """A configuration value is wrong.
 
     The message says where (a ``$.dotted[0].path``), what was found and how to fix it.
+    It is a ``ValueError`` so that one raised by a config type's ``__post_init__`` while
+    msgspec decodes a file comes back with the key path it happened at.
     """
 
     def __init__(self, message: str, *, path: str = "$") -> None:
@@ -48,4 +50,13 @@ def config_error(error: Exception, source: str, *, hint: str = "") -> ConfigErro
     if " - at `" in message:
         message, _, rest = message.partition(" - at `")
         path = rest.rstrip("`")
+    # A key or value from the file may hold line breaks or control characters: the
+    # message stays one line (they are shown escaped).
+    message, path = _one_line(message), _one_line(path)
     return ConfigError(f"{source}: {path}: {message}{hint}", path=path)
+
+
+def _one_line(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

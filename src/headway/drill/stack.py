@@ -16,14 +16,15 @@ import os
 import shlex
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import aiohttp
-import yaml
 
 from headway.core.errors import ConfigError
 from headway.drill.spec import ACTIONS, Fault, StackSpec
 from headway.emulate.process import EmulatorProcess
+from headway.files.workload import read_yaml
 from headway.gateway.process import GatewayProcess
 from headway.redis_process import RedisServer, find_redis_server
 
@@ -301,13 +302,7 @@ class LocalStack:
 def read_hooks(path: str) -> dict[str, str]:
     """The hooks file: a YAML mapping of action → shell command (``{engine}`` and
     ``{engine_url}`` are replaced)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except OSError as error:
-        raise ConfigError(f"cannot read hooks file {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"hooks file {path} is not YAML: {error}") from None
+    data = read_yaml(Path(path))
     valid = set(ACTIONS) - {"cancel_in_flight"}
     if not isinstance(data, dict):
         raise ConfigError(f"hooks file {path}: write a mapping of action: command", path="$")

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import yaml
 
 from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionConfig, TenantLimits
@@ -363,11 +362,8 @@ def parse_config(data: object, source: str = "gateway config") -> GatewayFileCon
 
 
 def load_config(path: Path) -> GatewayFileConfig:
-    """Read and check ``gateway.yaml``."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"cannot read {path}: {error.strerror}; check the path") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not YAML: {error}") from None
-    return parse_config(data, str(path))
+    """Read and check ``gateway.yaml`` (the workload files' hardened YAML reader: syntax
+    errors name the line; alias bombs and invalid UTF-8 are refused)."""
+    from headway.files.workload import read_yaml
+
+    return parse_config(read_yaml(path), str(path))

@@ -484,6 +484,13 @@ class GatewayServer:
         deadline_text = headers.get(DEADLINE_HEADER)
         if deadline_text is not None:
             budget_ms = parse_whole(deadline_text)
+            if budget_ms == 0:
+                raise ClientError(
+                    400,
+                    f"{DEADLINE_HEADER} 0 leaves no time to serve anything; send the client's "
+                    "remaining budget in whole milliseconds >= 1, or omit it",
+                    param=DEADLINE_HEADER,
+                )
             if budget_ms is None:
                 raise ClientError(
                     400,

@@ -25,7 +25,7 @@ from headway.core.metrics import (
 )
 from headway.core.workload.compile import CompiledWorkload
 from headway.core.workload.spec import PRIORITIES
-from headway.sim.simulator import OUTCOMES, SHED_REASONS, SimOutcome
+from headway.sim.outcome import OUTCOMES, SHED_REASONS, SimOutcome
 
 SCHEMA = "headway.simulate/1"
 LENGTH_BUCKETS = (0, 512, 2048, 8192, 32768)

@@ -1,0 +1,136 @@
+"""What a simulation run produces: call outcomes, per-call records, the run's outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from headway.core.policy.decisions import ShedReason
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_PATIENCE_STREAM, _RETRY_STREAM, _DUPLICATE_STREAM = 101, 102, 103
+
+# Call outcomes (CallRecords.outcome): the index into OUTCOMES.
+OUTCOMES = ("not_offered", "in_flight", "completed", "shed", "cancelled", "timed_out", "failed")
+"""Every offered call ends in exactly one of the last five. ``not_offered``: a call of a
+task that had already failed before reaching it (never offered). ``in_flight`` never
+survives a run: a call still live at the end (it could never be served) is ``failed``."""
+NOT_OFFERED, IN_FLIGHT, COMPLETED, SHED, CANCELLED, TIMED_OUT, FAILED = range(7)
+
+SHED_REASONS = tuple(r.value for r in ShedReason)
+"""The shed reasons, in the order of the codes in ``CallRecords.shed_reason``."""
+SHED_CODE = {r: i for i, r in enumerate(ShedReason)}
+
+
+@dataclass(slots=True, kw_only=True)
+class CallRecords:
+    """Per-call records, one row per call of the compiled workload (columns)."""
+
+    dispatch_s: FloatArray
+    admitted_s: FloatArray
+    first_token_s: FloatArray
+    finish_s: FloatArray
+    num_output_tokens: IntArray
+    itl_max_s: FloatArray
+    num_preemptions: IntArray
+    replica: IntArray
+    cancelled: npt.NDArray[np.bool_]
+    arrival_s: FloatArray
+    """When the call was offered (to the gateway; without one, its dispatch time)."""
+    outcome: npt.NDArray[np.int8]
+    """Index into :data:`OUTCOMES`: the call's terminal state."""
+    shed_reason: npt.NDArray[np.int8]
+    """Index into :data:`SHED_REASONS` for shed calls, -1 for the others."""
+    retry_after_s: FloatArray
+    """The ``retry_after_s`` of the call's last shed (NaN: none, or never shed)."""
+    attempts: IntArray
+    """Times the call was offered: its first attempt plus its clients' retries."""
+    kv_transfer_s: FloatArray = field(default_factory=lambda: np.empty(0))
+    """With disaggregation: seconds its prompt KV took (or, cancelled midway, would have
+    taken) to reach its decode replica (NaN: no transfer: not disaggregated, one output
+    token, or ended before its prefill did)."""
+
+    @classmethod
+    def empty(cls, n: int) -> CallRecords:
+        """Rows for ``n`` calls, nothing happened yet."""
+        nan = np.full(n, np.nan)
+        return cls(
+            dispatch_s=nan.copy(),
+            admitted_s=nan.copy(),
+            first_token_s=nan.copy(),
+            finish_s=nan.copy(),
+            num_output_tokens=np.zeros(n, dtype=np.int64),
+            itl_max_s=np.zeros(n),
+            num_preemptions=np.zeros(n, dtype=np.int64),
+            replica=np.full(n, -1, dtype=np.int64),
+            cancelled=np.zeros(n, dtype=np.bool_),
+            arrival_s=nan.copy(),
+            outcome=np.zeros(n, dtype=np.int8),
+            shed_reason=np.full(n, -1, dtype=np.int8),
+            retry_after_s=nan.copy(),
+            attempts=np.zeros(n, dtype=np.int64),
+            kv_transfer_s=nan.copy(),
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class SimOutcome:
+    """Everything a run produced: records, timeline, token-gap histogram, counters."""
+
+    calls: CallRecords
+    task_finish_s: FloatArray
+    timeline_s: FloatArray
+    timeline_running: IntArray
+    timeline_waiting: IntArray
+    timeline_kv_usage: FloatArray
+    itl_histogram: IntArray
+    itl_edges_s: FloatArray
+    num_steps: int
+    num_skipped_steps: int
+    num_events: int
+    end_s: float
+    replica_num_blocks: int
+    replica_block_size: int = 16
+    gateway_preset: str = "fifo-unbounded"
+    cancelled_by_patience: int = 0
+    """Calls their clients cancelled for want of a first token within ``patience_s``."""
+    prefix_queried_tokens: int = 0
+    """Prompt tokens looked up in the prefix caches at admission, all replicas."""
+    prefix_hit_tokens: int = 0
+    """Of those, tokens served from a cache (not recomputed)."""
+    replica_s: float = 0.0
+    """Replica-seconds provisioned (started or starting, until stopped or the end)."""
+    replicas_provisioned_max: int = 0
+    """The most replicas provisioned at once."""
+    calls_lost_with_replicas: int = 0
+    """Attempts that were on a replica when it was lost."""
+    tool_failures: int = 0
+    """Tool calls to a downstream service that timed out or were refused."""
+    tool_retries: int = 0
+    """Of those, the ones the agent sent again (the rest ended their task)."""
+    duplicates_sent: int = 0
+    """Duplicates clients submitted that reached the replicas (no gateway to recognise
+    them): the same call computed twice."""
+    duplicates_coalesced: int = 0
+    """Duplicates the gateway recognised by idempotency key and attached to the call in
+    flight (no new work)."""
+    duplicate_output_tokens: int = 0
+    """Output tokens computed by the copy of a duplicated call that did not answer it."""
+    task_end_s: FloatArray = field(default_factory=lambda: np.empty(0))
+    """Per task: when it left the system, finished or failed (NaN: still in it)."""
+    timeline_tasks: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: tasks in the system."""
+    timeline_calls: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: calls offered and not yet ended (the gateway boundary)."""
+    timeline_kv_blocks: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: KV blocks held by requests, all replicas."""
+    kv_transfers: int = 0
+    """With disaggregation: prompt KV transfers started (prefill to decode replica)."""
+    kv_transfer_s_total: float = 0.0
+    """With disaggregation: their seconds, summed (a transfer cancelled midway counts
+    whole: the link was committed to it)."""
+    extra: dict[str, float] = field(default_factory=dict)

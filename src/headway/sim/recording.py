@@ -1,0 +1,254 @@
+"""What a run records: per-call rows, step and decode-run tokens, ITL, timeline samples.
+
+Records are Python lists while the run goes (cheaper to touch than numpy elements) and
+become :class:`~headway.sim.outcome.CallRecords` arrays at the end. Token gaps go into a
+log-binned histogram in batches of weighted values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import cast
+
+import numpy as np
+
+from headway.core.engine.replica import DecodeRun, StepResult
+from headway.sim.outcome import FAILED, IN_FLIGHT, NOT_OFFERED, CallRecords, SimOutcome
+from headway.sim.state import SimState
+
+# ITL histogram: log-spaced bins from 10 µs to 1,000 s, 0.25% wide.
+_ITL_EDGES = np.geomspace(1e-5, 1e3, 7373)
+
+
+class Recording(SimState):
+    """The simulator's records: call rows, tokens and gaps per step, timeline samples."""
+
+    def _init_records(self, n: int) -> None:
+        """Empty records for ``n`` calls, an empty ITL histogram, no steps yet."""
+        nan = math.nan
+        self._dispatch_s = [nan] * n
+        self._admitted_s = [nan] * n
+        self._first_token_s = [nan] * n
+        self._finish_s = [nan] * n
+        self._last_token_s = [nan] * n
+        self._num_output_tokens = [0] * n
+        self._itl_max_s = [0.0] * n
+        self._num_preemptions = [0] * n
+        self._replica = [-1] * n
+        self._cancelled = [False] * n
+        self._arrival_s = [nan] * n
+        self._outcome = [NOT_OFFERED] * n
+        self._shed_reason = [-1] * n
+        self._retry_after_s = [nan] * n
+        self._attempts = [0] * n
+        self._itl_hist = np.zeros(_ITL_EDGES.size - 1, dtype=np.int64)
+        self._itl_values: list[float] = []
+        self._itl_weights: list[float] = []
+        self._num_steps = 0
+        self._num_skipped = 0
+
+    def _sim_outcome(self, now: float, num_events: int) -> SimOutcome:
+        """The run's outcome at its end ``now``, after ``num_events`` events."""
+        timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
+        at = np.array(self._boundary_samples) if self._boundary_samples else np.zeros((0, 3))
+        return SimOutcome(
+            calls=self._call_records(),
+            task_finish_s=self.task_finish_s,
+            timeline_s=timeline[:, 0].astype(np.float64),
+            timeline_running=timeline[:, 1].astype(np.int64),
+            timeline_waiting=timeline[:, 2].astype(np.int64),
+            timeline_kv_usage=timeline[:, 3].astype(np.float64),
+            itl_histogram=self._itl_hist,
+            itl_edges_s=_ITL_EDGES,
+            num_steps=self._num_steps,
+            num_skipped_steps=self._num_skipped,
+            num_events=num_events,
+            end_s=now,
+            replica_num_blocks=self.drivers[0].model.scheduler.pool.num_blocks,
+            replica_block_size=self._block_size,
+            gateway_preset="fifo-unbounded" if self.gateway is None else "headway-default",
+            cancelled_by_patience=self._num_impatient,
+            prefix_queried_tokens=sum(
+                d.model.scheduler.num_prefix_queried_tokens for d in self.drivers
+            ),
+            prefix_hit_tokens=sum(d.model.scheduler.num_prefix_hit_tokens for d in self.drivers),
+            replica_s=sum(
+                (now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers
+            ),
+            replicas_provisioned_max=max(
+                [self._initial_replicas] + [n for _, n in self._scale_events]
+            ),
+            calls_lost_with_replicas=self._num_lost_calls,
+            tool_failures=self._num_tool_failures,
+            tool_retries=self._tool_retries,
+            duplicates_sent=self._duplicates_sent,
+            duplicates_coalesced=self._duplicates_coalesced,
+            duplicate_output_tokens=self._duplicate_tokens,
+            task_end_s=np.array(self._task_end_s, dtype=np.float64),
+            timeline_tasks=at[:, 0].astype(np.int64),
+            timeline_calls=at[:, 1].astype(np.int64),
+            timeline_kv_blocks=at[:, 2].astype(np.int64),
+            kv_transfers=self._num_transfers,
+            kv_transfer_s_total=self._transfer_s_total,
+        )
+
+    def _call_records(self) -> CallRecords:
+        """The per-call lists as the arrays of :class:`CallRecords`: one row per call of
+        the workload; a call its client's duplicate answered takes the duplicate's
+        timings (the user saw that copy), keeping its own arrival."""
+        n = self.w.num_calls
+        dispatch_s, admitted_s = self._dispatch_s, self._admitted_s
+        first_token_s, itl_max_s, replica = self._first_token_s, self._itl_max_s, self._replica
+        for j, d in self._answered_by.items():
+            dispatch_s[j], admitted_s[j] = dispatch_s[d], admitted_s[d]
+            first_token_s[j], itl_max_s[j], replica[j] = first_token_s[d], itl_max_s[d], replica[d]
+            self._num_output_tokens[j] = self._num_output_tokens[d]
+            self._kv_transfer_s[j] = self._kv_transfer_s[d]
+        return CallRecords(
+            dispatch_s=np.array(dispatch_s[:n], dtype=np.float64),
+            admitted_s=np.array(admitted_s[:n], dtype=np.float64),
+            first_token_s=np.array(first_token_s[:n], dtype=np.float64),
+            finish_s=np.array(self._finish_s[:n], dtype=np.float64),
+            num_output_tokens=np.array(self._num_output_tokens[:n], dtype=np.int64),
+            itl_max_s=np.array(itl_max_s[:n], dtype=np.float64),
+            num_preemptions=np.array(self._num_preemptions[:n], dtype=np.int64),
+            replica=np.array(replica[:n], dtype=np.int64),
+            cancelled=np.array(self._cancelled[:n], dtype=np.bool_),
+            arrival_s=np.array(self._arrival_s[:n], dtype=np.float64),
+            outcome=np.array(
+                [FAILED if o == IN_FLIGHT else o for o in self._outcome[:n]], dtype=np.int8
+            ),
+            shed_reason=np.array(self._shed_reason[:n], dtype=np.int8),
+            retry_after_s=np.array(self._retry_after_s[:n], dtype=np.float64),
+            attempts=np.array(self._attempts[:n], dtype=np.int64),
+            kv_transfer_s=np.array(self._kv_transfer_s[:n], dtype=np.float64),
+        )
+
+    def _record_step(self, result: StepResult) -> None:
+        """Record a step's admissions, preemptions and tokens.
+
+        Requests that emitted their previous token together have the same gap now: each
+        such group goes into the ITL histogram as one value weighted by its size (integer
+        weights sum exactly, so the histogram is the same as with one value per token).
+        Token counts are not kept per step: see :meth:`_settle_output_tokens`.
+        """
+        end = result.end_s
+        admitted_s = self._admitted_s
+        for j in cast("tuple[int, ...]", result.admitted_ids):
+            if admitted_s[j] != admitted_s[j]:  # NaN: the first admission
+                admitted_s[j] = result.start_s
+                if self.autoscaler is not None:
+                    self._window_wait_s += result.start_s - self._arrival_s[j]
+                    self._window_admitted += 1
+                    self._window_tokens += self._call_in[j] + self._call_out[j]
+        for j in cast("tuple[int, ...]", result.preempted_ids):
+            self._num_preemptions[j] += 1
+        last = self._last_token_s
+        itl_max = self._itl_max_s
+        values, weights = self._itl_values, self._itl_weights
+        group_t, gap, count = math.nan, 0.0, 0
+        for j in cast("Mapping[int, int]", result.tokens):
+            previous = last[j]
+            if previous != previous:  # NaN: the first token
+                self._first_token_s[j] = end
+            else:
+                if previous != group_t:
+                    if count:
+                        values.append(gap)
+                        weights.append(float(count))
+                    group_t, gap, count = previous, end - previous, 0
+                count += 1
+                if gap > itl_max[j]:
+                    itl_max[j] = gap
+            last[j] = end
+        if count:
+            values.append(gap)
+            weights.append(float(count))
+        if len(values) > 262144:
+            self._flush_itl()
+
+    def _record_run(self, run: DecodeRun) -> None:
+        """Record ``run.num_steps`` tokens per request of a decode run.
+
+        Step ``k`` of the run lasts ``base + per_kv (KV + (k - 1) R)``: the gaps inside the
+        run form an arithmetic progression, summarised for the ITL histogram by a few
+        equal chunks (their mean gap, weighted by tokens) instead of one value per token.
+        The first gap of each request (since its previous token) is grouped as in
+        :meth:`_record_step`.
+        """
+        self._num_steps += run.num_steps
+        m = run.num_steps
+        r = run.num_seqs
+        base, per_kv, kv = run.base_s, run.per_kv_token_s, run.kv_tokens_first_step
+        first_end = run.start_s + base + per_kv * kv
+        last_end = run.end_s
+        inner_max = base + per_kv * (kv + (m - 1) * r) if m > 1 else 0.0
+        last = self._last_token_s
+        itl_max = self._itl_max_s
+        values, weights = self._itl_values, self._itl_weights
+        group_t, gap, peak, count = math.nan, 0.0, 0.0, 0
+        for j in cast("tuple[int, ...]", run.request_ids):
+            previous = last[j]
+            if previous != group_t:
+                if count:
+                    values.append(gap)
+                    weights.append(float(count))
+                group_t, gap, count = previous, first_end - previous, 0
+                peak = gap if gap > inner_max else inner_max
+            count += 1
+            if peak > itl_max[j]:
+                itl_max[j] = peak
+            last[j] = last_end
+        if count:
+            values.append(gap)
+            weights.append(float(count))
+        if m > 1:
+            # Gaps d_k for k = 2..m; chunk c covers k in [lo, hi).
+            chunks = min(m - 1, 4)
+            lo = 2
+            for c in range(1, chunks + 1):
+                hi = 2 + (m - 1) * c // chunks
+                mid_k = (lo + hi - 1) / 2
+                values.append(base + per_kv * (kv + (mid_k - 1) * r))
+                weights.append(float((hi - lo) * r))
+                lo = hi
+        if len(values) > 262144:
+            self._flush_itl()
+
+    def _settle_output_tokens(self) -> None:
+        """Fill in the output tokens of calls still live in a replica (none, normally).
+
+        Tokens are not counted step by step: a call that finishes emitted all of its
+        output (set in :meth:`_call_finished`), a cancelled one what its engine request
+        had emitted (:meth:`_cancel_siblings`); this covers any other at the end.
+        """
+        for d in self.drivers:
+            sched = d.model.scheduler
+            for req in (*sched.running, *sched.waiting()):
+                r = cast("int", req.request_id)
+                self._num_output_tokens[r] = req.num_output_tokens + (r in self._on_decode)
+
+    def _flush_itl(self) -> None:
+        if self._itl_values:
+            counts, _ = np.histogram(
+                np.asarray(self._itl_values), _ITL_EDGES, weights=np.asarray(self._itl_weights)
+            )
+            self._itl_hist += np.rint(counts).astype(np.int64)
+            self._itl_values.clear()
+            self._itl_weights.clear()
+
+    def _sample(self, now: float) -> None:
+        running = waiting = blocks = 0
+        used = 0.0
+        alive = 0
+        for d in self.drivers:
+            if not d.alive:
+                continue
+            alive += 1
+            running += d.model.num_running
+            waiting += d.model.num_waiting
+            used += d.model.kv_usage
+            blocks += d.model.scheduler.pool.num_used
+        self._timeline.append((now, running, waiting, used / max(alive, 1)))
+        self._boundary_samples.append((self._live_tasks, self._live_calls, blocks))

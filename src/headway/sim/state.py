@@ -1,0 +1,174 @@
+"""The state the simulator's parts share, declared once.
+
+:class:`~headway.sim.simulator.Simulator` is assembled from one mixin per concern (tasks,
+clients, gateway offers, fleet changes, disaggregation, replica stepping, recording); each
+derives from :class:`SimState`, which declares the attributes more than one of them reads
+and, for the type checker only, the methods they call across each other. Plain attributes
+on one object keep the event loop's hot paths free of indirection.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from headway.core.engine.replica import DecodeRun, StepResult
+    from headway.core.policy.autoscaler import Autoscaler
+    from headway.core.policy.retries import FailureKind, RetryPolicy
+    from headway.core.policy.routing import Router
+    from headway.core.workload.compile import CompiledWorkload
+    from headway.sim.driver import ReplicaDriver
+    from headway.sim.gateway import SimGateway
+    from headway.sim.kernel import EventQueue
+    from headway.sim.outcome import FloatArray
+
+
+class SimState:
+    """Attributes and cross-part methods of the simulator (see the module docstring)."""
+
+    # The run's inputs and machinery.
+    w: CompiledWorkload
+    router: Router
+    drivers: list[ReplicaDriver]
+    events: EventQueue
+    gateway: SimGateway | None
+    """The ``headway-default`` gateway; None: every call goes to the router at once."""
+    autoscaler: Autoscaler | None
+
+    # Per-call inputs (one row per call, then one per client duplicate).
+    _call_in: list[int]
+    _call_out: list[int]
+    _call_prio: list[int]
+    _call_task: list[int]
+    _call_prefix_row: list[int]
+    _call_tool: list[float]
+    _call_service: list[int]
+
+    # Per-call records (same rows), Python lists while the run goes (a list item is
+    # cheaper to read and write than a numpy element); CallRecords arrays at the end.
+    _dispatch_s: list[float]
+    _admitted_s: list[float]
+    _first_token_s: list[float]
+    _finish_s: list[float]
+    _last_token_s: list[float]
+    _num_output_tokens: list[int]
+    _itl_max_s: list[float]
+    _num_preemptions: list[int]
+    _replica: list[int]
+    _cancelled: list[bool]
+    _arrival_s: list[float]
+    _outcome: list[int]
+    _shed_reason: list[int]
+    _retry_after_s: list[float]
+    _attempts: list[int]
+    _kv_transfer_s: list[float]
+
+    # Per task.
+    task_finish_s: FloatArray
+    _task_end_s: list[float]
+    _task_class: list[int]
+    _live_tasks: int
+    _live_calls: int
+    """Tasks and calls in the system now (for the Little's-law checks)."""
+
+    # Replicas and routing.
+    _outstanding: list[int]
+    """``drivers[i].outstanding_requests`` for every ``i``, kept in step with them."""
+    _block_size: int
+    _all_eligible: bool
+    """Every replica is ready (no fault, no scaling yet): the router's shortcut holds."""
+    _horizon_s: float
+    """The workload's end (its duration, or its last arrival if later)."""
+
+    # Clients.
+    _retry_policy: RetryPolicy
+    _retry_rng: np.random.Generator
+    _class_idempotent: list[bool]
+    _class_e2e_s: list[float | None]
+    _queued: set[int]
+    """Calls waiting in the gateway's queues (not those backing off to retry)."""
+    _backing_off: set[int]
+    """Calls whose last attempt failed and whose client waits to retry them."""
+    _num_impatient: int
+    _dup_of: list[int]
+    """Per duplicate row (past the workload's calls): the call it duplicates."""
+    _answered_by: dict[int, int]
+    """Per call a duplicate answered: that duplicate's row."""
+    _duplicates_sent: int
+    _duplicates_coalesced: int
+    _duplicate_tokens: int
+
+    # Fleet changes.
+    _window_wait_s: float
+    _window_admitted: int
+    _window_tokens: int
+    _window_finished: int
+    _window_missed: int
+    """Calls completed, and of them past their class's ``e2e_s``, since the last
+    autoscaler evaluation."""
+    _num_lost_calls: int
+    _scale_events: list[tuple[float, int]]
+    """(time, replicas provisioned) after every change of the pool."""
+    _initial_replicas: int
+
+    # Disaggregation.
+    _num_prefill: int
+    """Replicas ``0..n-1`` only prefill (0: not disaggregated)."""
+    _on_decode: set[int]
+    """Rows added to their decode replica (its request counts the tokens after the
+    first: the prefill replica emitted that one)."""
+    _num_transfers: int
+    _transfer_s_total: float
+
+    # Tool calls.
+    _num_tool_failures: int
+    _tool_retries: int
+
+    # Records.
+    _num_steps: int
+    _num_skipped: int
+    _timeline: list[tuple[float, int, int, float]]
+    _boundary_samples: list[tuple[int, int, int]]
+
+    if TYPE_CHECKING:
+        # headway.sim.replicas
+        def _route(self, j: int, now: float) -> int: ...
+        def _route_pool(self, r: int, now: float, lo: int, hi: int, router: Router) -> int: ...
+        def _send(self, j: int, choice: int, now: float) -> None: ...
+        def _materialize(self, driver: ReplicaDriver, now: float) -> None: ...
+
+        # headway.sim.tasks
+        def _call_finished(self, r: int, now: float, driver: ReplicaDriver) -> None: ...
+        def _call_unserved(self, j: int, now: float) -> None: ...
+
+        # headway.sim.clients
+        def _dispatch_call(self, j: int, now: float) -> None: ...
+        def _first_attempt(self, j: int, now: float) -> None: ...
+        def _start_attempt_timer(self, j: int, now: float) -> None: ...
+        def _retry_or_end(self, j: int, now: float, kind: FailureKind, final: int) -> None: ...
+        def _deadline(self, j: int, now: float) -> tuple[float | None, bool]: ...
+        def _cancel_call(self, j: int, now: float) -> bool: ...
+
+        # headway.sim.offers
+        def _offer(self, j: int, now: float) -> None: ...
+        def _pump(self, now: float) -> None: ...
+        def _projected_kv_blocks(self, j: int) -> int: ...
+        def _left_replicas(self, j: int) -> None: ...
+        def _gateway_ended(self, j: int) -> None: ...
+        def _measure_speeds(self, j: int, now: float) -> None: ...
+
+        # headway.sim.fleet
+        def _strike_pending_loss(
+            self, driver: ReplicaDriver, now: float, prefill: bool
+        ) -> bool: ...
+        def _provisioned_changed(self, now: float) -> None: ...
+
+        # headway.sim.disaggregation
+        def _prefill_finished(self, r: int, now: float, driver: ReplicaDriver) -> None: ...
+        def _withdraw_disaggregated(self, j: int, now: float) -> bool: ...
+
+        # headway.sim.recording
+        def _record_step(self, result: StepResult) -> None: ...
+        def _record_run(self, run: DecodeRun) -> None: ...

@@ -18,6 +18,7 @@ from typing import Final, Protocol, TypeAlias
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "DecodeClock",
     "EngineRequest",
     "FcfsRequestQueue",
     "PriorityRequestQueue",
@@ -71,8 +72,11 @@ class EngineRequest:
     """
 
     __slots__ = (
-        "_num_cached_blocks",
+        "_cached",
+        "_clock",
+        "_computed",
         "_num_eager_hashes",
+        "_output",
         "_queue_token",
         "_salt",
         "_seq",
@@ -81,9 +85,7 @@ class EngineRequest:
         "block_ids",
         "max_output_tokens",
         "num_cached_prompt_tokens",
-        "num_computed_tokens",
         "num_external_computed_tokens",
-        "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "priority",
@@ -147,13 +149,16 @@ class EngineRequest:
         self.arrival_s = float("nan")
         """Time the replica received the request (set by ``add_request``)."""
         self.status = RequestStatus.WAITING
-        self.num_computed_tokens = 0
-        self.num_output_tokens = 0
+        self._clock: DecodeClock | None = None
+        """The scheduler's clock while the request decodes lazily (see :class:`DecodeClock`):
+        then ``_computed`` and ``_output`` are offsets from its counters."""
+        self._computed = 0
+        self._output = 0
         self.num_preemptions = 0
         self.num_cached_prompt_tokens = -1
         """Tokens found in the prefix cache at first admission (-1 before it)."""
         self.block_ids: list[int] = []
-        self._num_cached_blocks = 0
+        self._cached = 0
         self._num_eager_hashes = len(self.block_hashes)
         """Blocks whose hashes are registered as soon as they fill: the caller's (shareable)
         ones, and request-unique ones that a preemption registered (so that the request
@@ -162,6 +167,47 @@ class EngineRequest:
         self._queue_token = _UNQUEUED
         self._seq = -1
         self._salt = 0
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is in the cache."""
+        clock = self._clock
+        return self._computed if clock is None else self._computed + clock.computed
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        if self._clock is not None:
+            raise RuntimeError(f"{self!r} decodes lazily: its counters follow the clock")
+        self._computed = value
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        clock = self._clock
+        return self._output if clock is None else self._output + clock.output
+
+    @num_output_tokens.setter
+    def num_output_tokens(self, value: int) -> None:
+        if self._clock is not None:
+            raise RuntimeError(f"{self!r} decodes lazily: its counters follow the clock")
+        self._output = value
+
+    @property
+    def _num_cached_blocks(self) -> int:
+        """Leading blocks registered in the prefix cache (or counted as such: see
+        ``_num_eager_hashes``). A lazily decoding request registers no hashes: its count
+        follows its computed tokens' full blocks."""
+        clock = self._clock
+        if clock is None or not clock.caching:
+            return self._cached
+        full = (self._computed + clock.computed) // clock.block_size
+        return full if full > self._cached else self._cached
+
+    @_num_cached_blocks.setter
+    def _num_cached_blocks(self, value: int) -> None:
+        if self._clock is not None:
+            raise RuntimeError(f"{self!r} decodes lazily: its counters follow the clock")
+        self._cached = value
 
     @property
     def num_tokens(self) -> int:
@@ -184,6 +230,26 @@ class EngineRequest:
             f"computed={self.num_computed_tokens}/{self.num_tokens}, "
             f"output={self.num_output_tokens}/{self.max_output_tokens})"
         )
+
+
+class DecodeClock:
+    """Counters shared by the requests of one scheduler that decode lazily.
+
+    While every running request decodes, each step adds one computed token and then one
+    output token to every one of them: the scheduler counts those steps here instead of
+    visiting each request. A request that decodes lazily (``_clock`` set) stores its
+    counters as offsets from ``computed`` and ``output``; its properties add them back.
+    """
+
+    __slots__ = ("block_size", "caching", "computed", "output")
+
+    def __init__(self, block_size: int, caching: bool) -> None:
+        self.block_size: Final = block_size
+        self.caching: Final = caching
+        self.computed = 0
+        """Computed tokens added to every lazily decoding request so far."""
+        self.output = 0
+        """Output tokens added to every lazily decoding request so far."""
 
 
 # ----------------------------------------------------------------------------- queues

@@ -415,6 +415,9 @@ class RooflineStepTime:
     _per_kv_token_s: float = field(init=False, repr=False)
     _token_cache: dict[int, float] = field(init=False, repr=False, compare=False)
     _rows_cache: dict[int, float] = field(init=False, repr=False, compare=False)
+    _fixed_cache: dict[tuple[int, int, int, int], float] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel
@@ -458,6 +461,7 @@ class RooflineStepTime:
         setattr_(self, "_per_kv_token_s", m.num_layers * per_kv_layer)
         setattr_(self, "_token_cache", {})
         setattr_(self, "_rows_cache", {})
+        setattr_(self, "_fixed_cache", {})
 
     # -- the StepTimeModel protocol ------------------------------------------------------
 
@@ -539,7 +543,23 @@ class RooflineStepTime:
     # -- internals ------------------------------------------------------------------------
 
     def _fixed_time_s(self, batch: BatchShape) -> float:
-        """Everything except the decode-attention time proportional to the KV tokens."""
+        """Everything except the decode-attention time proportional to the KV tokens: a
+        function of the batch's other sums, memoised on them."""
+        key = (
+            batch.num_prefill_tokens,
+            batch.prefill_attention_pairs,
+            batch.num_prefill_seqs,
+            batch.num_decode_seqs,
+        )
+        cached = self._fixed_cache.get(key)
+        if cached is None:
+            cached = self._compute_fixed_time_s(batch)
+            if len(self._fixed_cache) >= 65536:
+                self._fixed_cache.clear()
+            self._fixed_cache[key] = cached
+        return cached
+
+    def _compute_fixed_time_s(self, batch: BatchShape) -> float:
         layers = self.model.num_layers
         per_layer = self._token_time_layer_s(batch.num_tokens)
         per_layer += self._prefill_attention_layer_s(batch)

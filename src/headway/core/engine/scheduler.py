@@ -33,6 +33,7 @@ fit; the first one that does not fit stops admission (head-of-line, no preemptio
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from bisect import bisect_left
@@ -45,6 +46,7 @@ import msgspec
 from headway.core.engine.kv import BlockPool, unique_block_hash
 from headway.core.engine.request import (
     TERMINAL_STATUSES,
+    DecodeClock,
     EngineRequest,
     RequestId,
     RequestStatus,
@@ -225,8 +227,8 @@ class _StepBuilder:
 
     ``decoded`` are running requests that :meth:`Scheduler._schedule_decoding` already
     gave their one decode token (their computed tokens already advanced, their KV tokens
-    summed in ``decode_kv``, their ids in ``decoded_ids``); ``scheduled`` are the
-    others, advanced by ``_build_plan``.
+    summed in ``decode_kv``, their ids in ``decoded_ids``; ``lazy`` when they decode
+    lazily); ``scheduled`` are the others, advanced by ``_build_plan``.
     """
 
     __slots__ = (
@@ -235,6 +237,7 @@ class _StepBuilder:
         "decode_kv",
         "decoded",
         "decoded_ids",
+        "lazy",
         "preempted",
         "scheduled",
     )
@@ -244,9 +247,15 @@ class _StepBuilder:
         self.decoded: list[EngineRequest] = []
         self.decoded_ids: list[RequestId] = []
         self.decode_kv = 0
+        self.lazy = False
         self.scheduled: dict[EngineRequest, int] = {}
         self.preempted: list[EngineRequest] = []
         self.admitted: list[EngineRequest] = []
+
+
+_MIN_LAZY: Final = 8
+"""Running requests from which decoding starts lazily (see :meth:`Scheduler._attach`); once
+it has started, requests join whatever their number."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -297,6 +306,25 @@ class Scheduler:
         as they are: set by the steps that already visit every running request
         (:meth:`update_after_step`, :meth:`apply_decode_steps`), reset to ``None`` by
         anything else that changes the running set (``check_invariants`` compares)."""
+        self._clock = DecodeClock(config.block_size, config.enable_prefix_caching)
+        """Counts the steps of lazily decoding requests (see :meth:`_attach`)."""
+        self._num_lazy = 0
+        """The first ``_num_lazy`` running requests decode lazily; the others do not."""
+        self._min_lazy = _MIN_LAZY
+        """Running requests from which decoding starts lazily (tests lower it)."""
+        self._block_due: list[list[EngineRequest]] = [[] for _ in range(config.block_size)]
+        """Lazily decoding requests by ``_computed % block_size``, each list in running
+        order: those in ``_block_due[(-clock.computed) % block_size]`` need a new block
+        for their next computed token."""
+        self._finish_due: dict[int, list[EngineRequest]] = {}
+        """Lazily decoding requests by the ``clock.output`` at which they emit their last
+        token (``max_output_tokens - _output``), each list in running order."""
+        self._finish_keys: list[int] = []
+        """A heap over ``_finish_due``'s keys (keys no longer there are dropped lazily)."""
+        self._pending: tuple[SchedulePlan, list[RequestId], int] | None = None
+        """``(plan, decoded ids, their KV tokens)`` of the last
+        :meth:`schedule` when it decoded every running request lazily: its
+        :meth:`update_after_step` then counts their tokens on the clock."""
         self.num_preemptions = 0
         """Preemptions so far (a request preempted twice counts twice)."""
         self.num_finished = 0
@@ -395,10 +423,13 @@ class Scheduler:
         if req is None:
             return False
         self._run_cache = None
+        self._pending = None
         if req.status is RequestStatus.RUNNING:
             self._sums_cache = None
             index = self._running.index(req)
             del self._running[index], self._running_ids[index]
+            if req._clock is not None:
+                self._detach(req)
             self._release(req)
         else:
             self._waiting.discard(req)
@@ -411,11 +442,15 @@ class Scheduler:
     def schedule(self) -> SchedulePlan:
         """Decide the next step and apply its bookkeeping (see the module docstring)."""
         step = _StepBuilder(self.config.max_num_batched_tokens)
+        self._pending = None
         if not self._schedule_decoding(step):
             self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
-        return self._build_plan(step)
+        plan = self._build_plan(step)
+        if step.lazy:
+            self._pending = (plan, step.decoded_ids, step.decode_kv)
+        return plan
 
     def _schedule_decoding(self, step: _StepBuilder) -> bool:
         """:meth:`_schedule_running` for a running set that only decodes, when its blocks
@@ -424,7 +459,9 @@ class Scheduler:
 
         Returns False, having changed nothing but resetting the caches, when some running
         request is not decoding or the step's new blocks do not fit (someone would be
-        preempted); the general loop then schedules the running set.
+        preempted); the general loop then schedules the running set. The requests decode
+        lazily when they can (``step.lazy``: the step is one tick of the clock, and only
+        those that need a block are visited); otherwise each is visited.
         """
         kv_tokens = self._decoding_sums()[1]
         self._run_cache = self._sums_cache = None
@@ -434,21 +471,34 @@ class Scheduler:
         pool = self.pool
         if len(running) > pool.num_free and self._blocks_for_steps(1) > pool.num_free:
             return False
+        step.decode_kv = kv_tokens
+        step.budget -= len(running)
+        if self._attach():
+            clock = self._clock
+            due = self._block_due[-clock.computed % self._block_size]
+            clock.computed += 1
+            if due:
+                for r, block in zip(due, pool.take(len(due)), strict=True):
+                    r.block_ids.append(block)
+            step.decoded = running[:]
+            step.decoded_ids = self._running_ids[:]
+            step.lazy = True
+            return True
         bs = self._block_size
         caching = self._caching
         needs_block: list[EngineRequest] = []
         to_cache: list[EngineRequest] = []
-        for r in running:
-            computed = r.num_computed_tokens
+        for r in running:  # none decodes lazily: their own counters, read directly
+            computed = r._computed
             if computed % bs == 0:
                 needs_block.append(r)
             computed += 1
-            r.num_computed_tokens = computed
-            if caching and computed // bs > r._num_cached_blocks:
-                if r._num_cached_blocks < r._num_eager_hashes:
+            r._computed = computed
+            if caching and computed // bs > r._cached:
+                if r._cached < r._num_eager_hashes:
                     to_cache.append(r)  # registers a hash: once its block is taken
                 else:
-                    r._num_cached_blocks = computed // bs
+                    r._cached = computed // bs
         if needs_block:
             for r, block in zip(needs_block, pool.take(len(needs_block)), strict=True):
                 r.block_ids.append(block)
@@ -456,18 +506,17 @@ class Scheduler:
             self._cache_full_blocks(r, r.num_computed_tokens)
         step.decoded = running[:]
         step.decoded_ids = self._running_ids[:]
-        step.decode_kv = kv_tokens
-        step.budget -= len(running)
         return True
 
     def _schedule_running(self, step: _StepBuilder) -> None:
         """Give each running request its next tokens; preempt when blocks run out."""
+        self._detach_all()
         running = self._running
         threshold = self.config.long_prefill_token_threshold
         i = 0
         while i < len(running) and step.budget > 0:
-            req = running[i]
-            num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            req = running[i]  # not lazy (detached above): its counters, read directly
+            num_new = req.num_prompt_tokens + req._output - req._computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > step.budget:
@@ -574,13 +623,13 @@ class Scheduler:
         prefill_tokens = pairs = prefill_seqs = 0
         decode_seqs, decode_kv = len(step.decoded), step.decode_kv
         scheduled: dict[RequestId, int] = dict.fromkeys(step.decoded_ids, 1)
-        for req, num_new in step.scheduled.items():
-            prior = req.num_computed_tokens
+        for req, num_new in step.scheduled.items():  # none of them decodes lazily
+            prior = req._computed
             # req.is_decoding, inlined: this loop runs over the whole batch every step
             if (
                 num_new == 1
-                and req.num_output_tokens > 0
-                and prior == req.num_prompt_tokens + req.num_output_tokens - 1
+                and req._output > 0
+                and prior == req.num_prompt_tokens + req._output - 1
             ):
                 decode_seqs += 1
                 decode_kv += prior
@@ -588,7 +637,7 @@ class Scheduler:
                 prefill_seqs += 1
                 prefill_tokens += num_new
                 pairs += prefill_pairs(num_new, prior)
-            req.num_computed_tokens = prior + num_new
+            req._computed = prior + num_new
             scheduled[req.request_id] = num_new
         total = prefill_tokens + decode_seqs
         if total > self.config.max_num_batched_tokens or step.budget < 0:
@@ -619,6 +668,11 @@ class Scheduler:
         same plan does nothing the second time.
         """
         self._run_cache = None
+        pending = self._pending
+        self._pending = None
+        if pending is not None and pending[0] is plan:
+            return self._update_lazily(plan, pending[1], pending[2])
+        self._detach_all()
         tokens: dict[RequestId, int] = {}
         finished: list[EngineRequest] = []
         requests: Iterable[EngineRequest | None] = plan.requests
@@ -629,9 +683,54 @@ class Scheduler:
         # their sums are _decoding_sums()' answer, gathered here on the way.
         num_decoding = kv_tokens = 0
         max_steps = -1
-        for req in requests:
+        for req in requests:  # none decodes lazily now: counters read directly
             if req is None or req.status is not running:
                 continue  # aborted since schedule()
+            output = req._output
+            computed = req._computed
+            if computed == req.num_prompt_tokens + output:
+                req._output = output = output + 1
+                tokens[req.request_id] = 1
+                left = req.max_output_tokens - output
+                if left <= 0:
+                    finished.append(req)
+                else:
+                    num_decoding += 1
+                    kv_tokens += computed
+                    if left < max_steps or max_steps < 0:
+                        max_steps = left
+        if finished:
+            self._finish(finished)
+        self._sums_cache = None
+        if num_decoding == len(self._running):
+            self._sums_cache = self._checked_sums(max_steps, kv_tokens)
+        return StepOutputs(tokens=tokens, finished_ids=tuple([r.request_id for r in finished]))
+
+    def _update_lazily(
+        self, plan: SchedulePlan, decoded_ids: list[RequestId], kv_before: int
+    ) -> StepOutputs:
+        """:meth:`update_after_step` for a plan whose running requests decoded lazily
+        (the first ``len(decoded_ids)`` of ``plan.requests``, ``kv_before`` KV tokens
+        before the step; none aborted since): one tick of the clock gives each its token,
+        and those that reach ``max_output_tokens`` are found by their finishing tick. The
+        others (admitted this step) as in the general loop."""
+        clock = self._clock
+        clock.output += 1
+        tokens = dict.fromkeys(decoded_ids, 1)
+        num_decoded = len(decoded_ids)
+        num_decoding = num_decoded
+        kv_tokens = kv_before + num_decoded
+        finished = self._finish_due.pop(clock.output, None) or []
+        for req in finished:
+            num_decoding -= 1
+            kv_tokens -= req.num_computed_tokens
+        max_steps = self._fewest_lazy_left()
+        requests = plan.requests
+        running = RequestStatus.RUNNING
+        for i in range(num_decoded, len(requests)):
+            req = requests[i]
+            if req.status is not running:
+                continue
             output = req.num_output_tokens
             computed = req.num_computed_tokens
             if computed == req.num_prompt_tokens + output:
@@ -653,14 +752,27 @@ class Scheduler:
         return StepOutputs(tokens=tokens, finished_ids=tuple([r.request_id for r in finished]))
 
     def _finish(self, finished: list[EngineRequest]) -> None:
+        """Take finished requests out of the running set and free their blocks. Those that
+        decode lazily leave lazy decoding (their list in ``_finish_due`` was taken out
+        already: they finish together), their counters back from offsets."""
         running, running_ids = self._running, self._running_ids
+        clock, due, bs = self._clock, self._block_due, self._block_size
         for req in finished:
             index = running.index(req)
             del running[index], running_ids[index]
+            if req._clock is not None:
+                due[req._computed % bs].remove(req)
+                self._num_lazy -= 1
+                req._computed += clock.computed
+                req._output += clock.output
+                req._clock = None  # its cached-block count is reset by the release
+        free, requests, status = self.pool.free, self._requests, RequestStatus.FINISHED
         for req in finished:
-            self._release(req)
-            req.status = RequestStatus.FINISHED
-            del self._requests[req.request_id]
+            free(req.block_ids[::-1], distinct=True)  # _release, inlined
+            req.block_ids = []
+            req._cached = 0
+            req.status = status
+            del requests[req.request_id]
         self.num_finished += len(finished)
 
     # ----------------------------------------------------------------- KV blocks
@@ -730,8 +842,18 @@ class Scheduler:
         """
         if not hits and not watermark and not from_waiting:
             return self._allocate_running(req, num_new)
-        hits = hits or []
         pool = self.pool
+        if not hits and not (from_waiting and self.config.reserve_full_isl):
+            # The same as below without hits: new blocks for the slots, plus the watermark.
+            num_slots = req.num_computed_tokens + max(num_computed, 0) + num_new
+            num_missing = -(-num_slots // self._block_size) - len(req.block_ids)
+            if (num_missing if num_missing > 0 else 0) + watermark > pool.num_free:
+                return False
+            if num_missing > 0:
+                req.block_ids += pool.take(num_missing)
+            self._cache_full_blocks(req, min(num_slots, req.num_tokens))
+            return True
+        hits = hits or []
         bs = self.config.block_size
         if num_computed < 0:
             num_computed = len(hits) * bs
@@ -754,9 +876,10 @@ class Scheduler:
     def _allocate_running(self, req: EngineRequest, num_new: int) -> bool:
         """:meth:`_allocate_slots` without prefix hits or watermark (a running request's
         next tokens), the same effect by a shorter path: runs for every request each step.
+        Only for a request that does not decode lazily (its counters are read directly).
         """
         bs = self._block_size
-        num_slots = req.num_computed_tokens + num_new
+        num_slots = req._computed + num_new
         blocks = req.block_ids
         num_missing = -(-num_slots // bs) - len(blocks)
         if num_missing > 0:
@@ -764,10 +887,10 @@ class Scheduler:
                 return False
             blocks += self.pool.take(num_missing)
         if self._caching:
-            num_known = req.num_prompt_tokens + req.num_output_tokens
+            num_known = req.num_prompt_tokens + req._output
             if num_known > num_slots:
                 num_known = num_slots
-            if num_known // bs > req._num_cached_blocks:
+            if num_known // bs > req._cached:
                 self._cache_full_blocks(req, num_known)
         return True
 
@@ -804,7 +927,7 @@ class Scheduler:
         """Free a request's blocks, last block first (its tail is evicted first)."""
         self.pool.free(req.block_ids[::-1], distinct=True)
         req.block_ids = []
-        req._num_cached_blocks = 0
+        req._cached = 0  # not decoding lazily: its callers took it out first
 
     # ------------------------------------------------------- decode runs (closed form)
 
@@ -967,6 +1090,9 @@ class Scheduler:
                 "decode_run_limit() how many identical decode steps are safe"
             )
         self._run_cache = None
+        self._pending = None
+        if self._attach():
+            return self._apply_lazily(num_steps, kv_first)
         bs = self._block_size
         caching = self._caching
         running = self._running
@@ -977,7 +1103,7 @@ class Scheduler:
         # requests that need any, as (offset, running index). Blocks are then cached as
         # they fill. (Blocks filled by decoding hold request-unique content: unless a
         # preemption registered their hashes, _cache_full_blocks only counts them, done
-        # inline here.)
+        # inline here. No request decodes lazily: their own counters are read directly.)
         needs: list[tuple[int, int]] = []
         to_cache: list[EngineRequest] = []
         finished: list[EngineRequest] = []
@@ -985,21 +1111,21 @@ class Scheduler:
         kv_tokens = 0
         max_steps = -1
         for index, r in enumerate(running):
-            computed = r.num_computed_tokens
+            computed = r._computed
             offset = (-computed) % bs
             if offset < num_steps:
                 needs.append((offset, index))
             computed += num_steps
-            r.num_computed_tokens = computed
-            output = r.num_output_tokens + num_steps
-            r.num_output_tokens = output
+            r._computed = computed
+            output = r._output + num_steps
+            r._output = output
             if caching:
                 num_full = computed // bs
-                if num_full > r._num_cached_blocks:
-                    if r._num_cached_blocks < r._num_eager_hashes:
+                if num_full > r._cached:
+                    if r._cached < r._num_eager_hashes:
                         to_cache.append(r)  # registers hashes: once its blocks are taken
                     else:
-                        r._num_cached_blocks = num_full
+                        r._cached = num_full
             left = r.max_output_tokens - output
             if left <= 0:
                 finished.append(r)
@@ -1012,6 +1138,46 @@ class Scheduler:
         for r in to_cache:
             self._cache_full_blocks(r, r.num_computed_tokens)
         request_ids = tuple(self._running_ids)
+        if finished:
+            self._finish(finished)
+        self._sums_cache = self._checked_sums(max_steps, kv_tokens)
+        return DecodeStepsOutcome(
+            num_steps=num_steps,
+            request_ids=request_ids,
+            kv_tokens_first_step=kv_first,
+            finished_ids=tuple([r.request_id for r in finished]),
+        )
+
+    def _apply_lazily(self, num_steps: int, kv_first: int) -> DecodeStepsOutcome:
+        """:meth:`apply_decode_steps` for a running set that decodes lazily: ``num_steps``
+        ticks of the clock, blocks given to the requests that cross block boundaries (in
+        stepping order: by offset of their first boundary, running order within one),
+        and the requests whose finishing tick is reached finished."""
+        clock = self._clock
+        bs = self._block_size
+        computed = clock.computed
+        num_full, rest = divmod(num_steps, bs)
+        due = self._block_due
+        order: list[EngineRequest] = []
+        num_last = 0
+        for offset in range(min(num_steps, bs)):
+            if offset == rest:
+                num_last = len(order)
+            bucket = due[(-computed - offset) % bs]
+            if bucket:
+                order += bucket
+        if not num_full:
+            num_last = len(order)
+        if order:
+            self._give_decode_blocks(order, num_full, num_last)
+        clock.computed = computed + num_steps
+        clock.output += num_steps
+        request_ids = tuple(self._running_ids)
+        kv_tokens = kv_first + num_steps * len(self._running)
+        finished = self._finish_due.pop(clock.output, None) or []
+        for r in finished:
+            kv_tokens -= r.num_computed_tokens
+        max_steps = self._fewest_lazy_left()
         if finished:
             self._finish(finished)
         self._sums_cache = self._checked_sums(max_steps, kv_tokens)
@@ -1036,7 +1202,11 @@ class Scheduler:
         running = self._running
         order = [running[index] for _, index in needs]
         num_full, rest = divmod(num_steps, self._block_size)
-        num_last = bisect_left(needs, (rest, -1))
+        self._give_decode_blocks(order, num_full, bisect_left(needs, (rest, -1)))
+
+    def _give_decode_blocks(self, order: list[EngineRequest], num_full: int, num_last: int) -> None:
+        """Blocks for ``num_full`` full rounds of ``order`` and the first ``num_last`` of
+        it, taken in that order (see :meth:`_take_decode_blocks`)."""
         size = len(order)
         end = size * num_full
         taken = self.pool.take(end + num_last)
@@ -1045,6 +1215,99 @@ class Scheduler:
                 r.block_ids += taken[q:end:size]
         for q in range(num_last):
             order[q].block_ids.append(taken[end + q])
+
+    # ------------------------------------------------------- lazy decoding
+
+    def _attach(self) -> bool:
+        """Make every running request decode lazily; call it only when all of them decode.
+
+        A lazily decoding request keeps its counters as offsets from the clock (see
+        :class:`~headway.core.engine.request.DecodeClock`), sits in ``_block_due`` and
+        ``_finish_due``, and is visited only when it needs a block or finishes. Requests
+        admitted since the last call (the tail of the running set) join here. False, with
+        no request lazy any more, if one cannot join: it has hashes to register as its
+        blocks fill (see ``_num_eager_hashes``); the caller then visits each request.
+        Also False, with none lazy, while fewer than ``_min_lazy`` requests run and none
+        is lazy yet: for so few, visiting each costs less.
+        """
+        running = self._running
+        start = self._num_lazy
+        end = len(running)
+        if start == end:
+            return True
+        if not start and end < self._min_lazy:
+            return False  # visiting a few requests costs less than listing them
+        if self._caching:
+            for i in range(start, end):
+                r = running[i]
+                if r._cached < r._num_eager_hashes:
+                    self._detach_all()
+                    return False
+        clock = self._clock
+        bs = self._block_size
+        clock_computed, clock_output = clock.computed, clock.output
+        due, finish_due, keys = self._block_due, self._finish_due, self._finish_keys
+        for i in range(start, end):
+            r = running[i]
+            offset = r._computed - clock_computed
+            r._computed = offset
+            r._output -= clock_output
+            r._clock = clock
+            due[offset % bs].append(r)
+            key = r.max_output_tokens - r._output
+            same = finish_due.get(key)
+            if same is None:
+                finish_due[key] = [r]
+                heapq.heappush(keys, key)
+            else:
+                same.append(r)
+        self._num_lazy = end
+        return True
+
+    def _materialize(self, req: EngineRequest) -> None:
+        """Turn a lazily decoding request's offsets back into its counters."""
+        clock = self._clock
+        computed = req._computed + clock.computed
+        req._computed = computed
+        req._output += clock.output
+        if self._caching and computed // self._block_size > req._cached:
+            req._cached = computed // self._block_size
+        req._clock = None
+
+    def _detach_all(self) -> None:
+        """Stop lazy decoding: every request keeps its counters itself again."""
+        num_lazy = self._num_lazy
+        if not num_lazy:
+            return
+        for r in self._running[:num_lazy]:
+            self._materialize(r)
+        for bucket in self._block_due:
+            bucket.clear()
+        self._finish_due.clear()
+        self._finish_keys.clear()
+        self._num_lazy = 0
+
+    def _detach(self, req: EngineRequest) -> None:
+        """Take a lazily decoding request that just left the running set out of lazy
+        decoding (out of ``_finish_due`` too unless its list was already taken out)."""
+        offset = req._computed
+        self._block_due[offset % self._block_size].remove(req)
+        key = req.max_output_tokens - req._output
+        same = self._finish_due.get(key)
+        if same is not None and req in same:
+            same.remove(req)
+            if not same:
+                del self._finish_due[key]
+        self._num_lazy -= 1
+        self._materialize(req)
+
+    def _fewest_lazy_left(self) -> int:
+        """Fewest output tokens left over the lazily decoding requests still in
+        ``_finish_due``; -1 if none."""
+        keys, finish_due = self._finish_keys, self._finish_due
+        while keys and keys[0] not in finish_due:
+            heapq.heappop(keys)
+        return keys[0] - self._clock.output if keys else -1
 
     # ----------------------------------------------------------------- invariants
 
@@ -1059,7 +1322,8 @@ class Scheduler:
         have computed nothing; live requests are exactly running plus waiting; every
         block's ref count equals the number of requests holding it; a request's cached
         blocks carry its block hashes; the cached decode-run state and decoding sums
-        (``_run_cache``, ``_sums_cache``) equal what the current state gives.
+        (``_run_cache``, ``_sums_cache``) equal what the current state gives; the lazily
+        decoding requests are listed as :meth:`_check_lazy` says.
         """
         self.pool.check_invariants()
         cached_run, cached_sums = self._run_cache, self._sums_cache
@@ -1071,6 +1335,7 @@ class Scheduler:
             raise RuntimeError(f"cached decoding sums {cached_sums} are stale: now {fresh_sums}")
         if cached_run is not None and cached_run != fresh_run:
             raise RuntimeError(f"cached decode-run state {cached_run} is stale: now {fresh_run}")
+        self._check_lazy()
         cfg = self.config
         if self._running_ids != [r.request_id for r in self._running]:
             raise RuntimeError("the running ids are not those of the running set")
@@ -1099,6 +1364,34 @@ class Scheduler:
                 raise RuntimeError(
                     f"block {b} has ref count {self.pool.ref_count(b)} but {count} holders"
                 )
+
+    def _check_lazy(self) -> None:
+        """The lazily decoding requests are the first ``_num_lazy`` running ones, all
+        decoding, none with hashes to register; ``_block_due`` and ``_finish_due`` hold
+        each of them once, under its offset and finishing tick, in running order (the lists
+        are compared with lists built in running order)."""
+        clock = self._clock
+        lazy = self._running[: self._num_lazy]
+        if len(lazy) != self._num_lazy:
+            raise RuntimeError(f"{self._num_lazy} lazy requests but {len(lazy)} running")
+        if any(r._clock is not clock for r in lazy) or any(
+            r._clock is not None for r in (*self._running[self._num_lazy :], *self.waiting())
+        ):
+            raise RuntimeError("the lazily decoding requests are not a prefix of running")
+        due: dict[int, list[EngineRequest]] = {}
+        finish: dict[int, list[EngineRequest]] = {}
+        for r in lazy:
+            if not r.is_decoding or (self._caching and r._cached < r._num_eager_hashes):
+                raise RuntimeError(f"{r!r} decodes lazily but cannot")
+            due.setdefault(r._computed % self._block_size, []).append(r)
+            finish.setdefault(r.max_output_tokens - r._output, []).append(r)
+        buckets = {k: b for k, b in enumerate(self._block_due) if b}
+        if buckets != due or self._finish_due != finish:
+            raise RuntimeError("the lazy block or finish lists do not match the requests")
+        if any(r.max_output_tokens - r._output <= clock.output for r in lazy):
+            raise RuntimeError("a lazily decoding request is past its last token")
+        if not set(self._finish_due) <= set(self._finish_keys):
+            raise RuntimeError("a finishing tick is missing from the heap")
 
     def _check_running(self, r: EngineRequest) -> None:
         bs = self.config.block_size

@@ -279,7 +279,7 @@ async def run_drill(
             result.status, result.detail = "skipped", str(error)
             return result
         finally:
-            for job in [*jobs, *watch]:
+            for job in [*jobs, *watch, sampling]:
                 job.cancel()
         for outcome in outcomes:
             if isinstance(outcome, Unsupported):
@@ -287,7 +287,6 @@ async def run_drill(
                 return result
             if isinstance(outcome, BaseException):
                 result.detail = f"a fault action failed: {outcome!r}"
-                sampling.cancel()
                 return result
             if isinstance(outcome, dict):
                 figures.update(outcome)
@@ -298,7 +297,6 @@ async def run_drill(
             if sum(m.total("vllm:num_requests_running") for m in engines) == 0:
                 break
             await asyncio.sleep(0.1)
-        sampling.cancel()
         gw_after = await _gateway_metrics(session, stack)
         eng_after = await scrape_all(session, stack.engine_urls)
         versions = await asyncio.gather(*(_version(session, u) for u in stack.engine_urls))

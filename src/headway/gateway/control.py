@@ -11,8 +11,9 @@ A request is offered with :meth:`Controller.offer`: a :class:`~headway.core.poli
 decisions.Shed`, or a :class:`Lease` whose ``ready`` future resolves to the upstream it
 was dispatched to (at once when admitted; when a slot frees when enqueued) or to a shed
 (expired). :meth:`Controller.release` frees the slot and dispatches the next queued
-request. A queued lease whose client went away is marked dead and skipped when popped:
-it never reaches an upstream and never holds a slot.
+request. A queued lease whose client went away leaves its line at once
+(:meth:`~headway.core.policy.queues.PriorityQueues.withdraw`): it never reaches an
+upstream, never holds a slot, and frees its place in the bounds.
 
 Slot shares (``tenant_slot_headroom``): while two or more tenants are active, a tenant
 holds at most its share of the ready slots (:meth:`Controller.slot_caps`); at its cap its
@@ -448,8 +449,8 @@ class Controller:
             self._unload(lease)
             self.running[lease.band] -= 1
             self.dispatched_by[lease.tenant] -= 1
-        else:
-            lease.dead = True  # still queued: skipped when popped
+        elif not self.queues.withdraw(lease, lease.band, lease.tenant):
+            lease.dead = True  # not found waiting (a race with a pop): skipped when popped
         self.in_flight[lease.tenant] -= 1
         if self.budgets is not None:
             self.budgets.add_in_flight(lease.tenant, -1)

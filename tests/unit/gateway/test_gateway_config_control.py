@@ -103,11 +103,13 @@ def test_controller_admits_queues_skips_dead_and_expires() -> None:
         assert isinstance(queued, Lease) and queued.upstream is None
         behind = ctl.offer(_request("b"))
         assert isinstance(behind, Lease) and behind.upstream is None
-        # The first queued client goes away: its lease is skipped, never dispatched.
+        # The first queued client goes away: it leaves the line at once, never dispatched.
         ctl.release(queued, unused_tokens=queued.cost_tokens)
+        assert len(ctl.queues) == 1
+        ctl.queues.check_invariants()
         ctl.release(first, completed=True)
         assert behind.ready.done() and behind.upstream is not None
-        assert ctl.skipped_dead == 1
+        assert ctl.skipped_dead == 0 and queued.ready.cancelled()
         assert ctl.running["interactive"] == 1
         # A queued request with a deadline expires with EXPIRED, never sent.
         late = ctl.offer(_request(deadline_s=ctl.now() + 0.02))
@@ -202,5 +204,36 @@ def test_slot_shares_cap_a_busy_tenant_only_while_another_is_active() -> None:
         for lease in (*alone[1:], second, more):
             ctl.release(lease, completed=True)
         assert sum(ctl.dispatched_by.values()) == 0
+
+    asyncio.run(scenario())
+
+
+def test_abandoned_queued_requests_free_the_tenants_bound_at_once() -> None:
+    """Clients that disconnect while queued leave the line at once: a tenant whose bound
+    was full of them is not refused ``queue_full`` for requests from clients still there."""
+    config = parse_config(
+        _cfg(
+            slots_per_upstream=1, queues={"critical_reserved_slots": 0, "max_queued_per_tenant": 2}
+        )
+    )
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        running = ctl.offer(_request())
+        assert isinstance(running, Lease) and running.upstream is not None
+        gone = [ctl.offer(_request()) for _ in range(2)]
+        full = ctl.offer(_request())
+        assert isinstance(full, Shed) and full.reason is ShedReason.QUEUE_FULL
+        for lease in gone:
+            assert isinstance(lease, Lease)
+            ctl.release(lease, unused_tokens=lease.cost_tokens)
+        assert len(ctl.queues) == 0
+        again = ctl.offer(_request())
+        assert isinstance(again, Lease) and again.upstream is None  # queued, not refused
+        ctl.queues.check_invariants()
+        ctl.release(running, completed=True)
+        assert again.ready.done() and again.upstream is not None
+        ctl.release(again, completed=True)
+        assert sum(ctl.in_flight.values()) == 0
 
     asyncio.run(scenario())

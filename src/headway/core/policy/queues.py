@@ -529,6 +529,7 @@ class PriorityQueues(Generic[T]):
         self._rejected = 0
         self._dispatched = 0
         self._expired = 0
+        self._withdrawn = 0
         self._live = 0
 
     def reconfigure(self, config: QueueConfig) -> None:
@@ -774,6 +775,20 @@ class PriorityQueues(Generic[T]):
         gone, self._pending_expired = self._pending_expired, []
         return gone
 
+    def withdraw(self, item: T, band: Band, tenant: str) -> bool:
+        """Remove ``item`` unserved because its client went away (its tenant is not charged
+        and its place frees at once, so abandoned requests never hold a queue's bound).
+        False when it is not waiting (already dispatched, expired or withdrawn). A scan of
+        the tenant's line in its band: at most ``max_queued_per_tenant`` entries."""
+        queue = self._bands[band]
+        for entry in queue.fifos.get(tenant, ()):
+            if entry.alive and entry.queued.item is item:
+                queue.remove(entry)
+                self._forget(entry.queued)
+                self._withdrawn += 1
+                return True
+        return False
+
     def _forget(self, queued: Queued[T]) -> None:
         self._live -= 1
         self._tenant_count[queued.tenant] -= 1
@@ -853,5 +868,5 @@ class PriorityQueues(Generic[T]):
             assert count == per_tenant.get(tenant, 0), f"tenant {tenant} count"
             bound = self.config.max_queued_per_tenant
             assert count - tenant_fronts.get(tenant, 0) <= bound, f"tenant {tenant} over bound"
-        balance = self._dispatched + self._expired + self._live
+        balance = self._dispatched + self._expired + self._withdrawn + self._live
         assert self._pushed == balance, f"pushed {self._pushed} != {balance}"

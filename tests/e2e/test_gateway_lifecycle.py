@@ -152,3 +152,37 @@ def test_fallback_routes_only_where_the_data_policy_allows_and_revision_pins() -
             with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as response:
                 text = response.read().decode()
             assert 'headway_gateway_fallbacks_total{route="big",fallback="small"} 1' in text
+
+
+def test_measured_tpot_refuses_the_surely_late_at_arrival() -> None:
+    """No ``tpot_s`` in the config: after 20 streamed answers the gateway knows the engine's
+    time per output token and refuses at arrival a call whose output alone cannot meet its
+    deadline (400 deadline_unmeetable: no wait can fix it), while a feasible one is served."""
+    with (
+        EmulatorProcess(["--speedup", "5"]) as engine,
+        GatewayProcess({"upstreams": [{"url": engine.url}]}) as gateway,
+    ):
+        chat = f"{gateway.url}/v1/chat/completions"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 30, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        for _ in range(20):
+            status, _, data = _post(chat, body)
+            assert status == 200 and data.endswith(b"data: [DONE]\n\n"), data[-200:]
+        with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as response:
+            metrics = response.read().decode()
+        line = next(x for x in metrics.splitlines() if x.startswith("headway_gateway_tpot_seconds"))
+        tpot = float(line.split()[-1])
+        assert 0 < tpot < 0.05, tpot
+        late = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4000}  # fmt: skip
+        # Half of what decoding alone takes for the planned output: min(max_tokens, the
+        # config's p95_output_tokens, 512).
+        budget_ms = max(int(512 * tpot * 1000 / 2), 1)
+        status, headers, data = _post(chat, late, {"x-headway-deadline-ms": str(budget_ms)})
+        assert status == 400, data
+        assert headers["x-headway-shed-reason"] == "deadline_unmeetable"
+        assert "Retry-After" not in headers
+        assert "raise x-headway-deadline-ms" in json.loads(data)["error"]["message"]
+        status, _, data = _post(chat, {**late, "max_tokens": 5}, {"x-headway-deadline-ms": "5000"})
+        assert status == 200, data

@@ -2,11 +2,11 @@
 terminal state.
 
 Every call ends in exactly one of :data:`STATES`: ``ok`` (a whole answer: the JSON, or a
-stream that reached ``[DONE]``), ``shed`` (a 429/503 refusal naming its reason, after
-the client's retries), ``cut`` (a stream that ended without ``[DONE]``), ``client_error``
-(another 4xx), ``server_error`` (a 5xx that is not a designed refusal), ``conn_error``,
-``cancelled`` (the client abandoned it on purpose) or ``hung`` (still open when the drill
-ended). A drill's figures count these.
+stream that reached ``[DONE]``), ``shed`` (a designed refusal naming its reason: a
+429/503 after the client's retries, or a 400 no wait can fix), ``cut`` (a stream that
+ended without ``[DONE]``), ``client_error`` (another 4xx), ``server_error`` (a 5xx that
+is not a designed refusal), ``conn_error``, ``cancelled`` (the client abandoned it on
+purpose) or ``hung`` (still open when the drill ended). A drill's figures count these.
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ class LoadRun:
                         call.shed_attempts += 1
                         call.status, call.reason = shed.status, shed.reason
                         call.retry_after_s = shed.retry_after_s
-                        if spec.retry == "none" or call.attempts >= spec.max_attempts:
+                        final = shed.status == 400  # no wait can fix it (too large, too late)
+                        if final or spec.retry == "none" or call.attempts >= spec.max_attempts:
                             call.state = "shed"
                             return
                         if spec.retry == "obey":
@@ -215,7 +216,7 @@ class LoadRun:
             headers=headers,
         ) as resp:
             call.status = resp.status
-            if resp.status in (429, 503) and "x-headway-shed-reason" in resp.headers:
+            if resp.status in (400, 429, 503) and "x-headway-shed-reason" in resp.headers:
                 await resp.read()
                 ms = resp.headers.get("x-headway-retry-after-ms", "")
                 raise _Shed(

@@ -183,7 +183,12 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     deadline. None: no prediction; queue bounds and expiry enforce deadlines."""
 
     prefill_tokens_per_s: float | None = None
-    """Prompt tokens per second of one request's prefill, with ``tpot_s``."""
+    """Prompt tokens per second of one request's prefill, with ``tpot_s`` (None: prefill
+    counts as free, so the estimate is a lower bound)."""
+
+    measure_speeds: bool = True
+    """Without ``tpot_s``: measure it from the streamed answers (after 20 of them) for
+    the deadline estimate. False: no estimate without ``tpot_s``."""
 
     capacity_tokens_per_s: float | None = None
     """Planned capacity that tenants' ``share`` divides into token budgets (None: shares

@@ -51,7 +51,7 @@ from headway.core.policy.retries import RetryPolicy
 from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
 from headway.gateway.config import GatewayFileConfig
 
-__all__ = ["BudgetSeam", "Controller", "Lease", "UpstreamSource", "UpstreamState"]
+__all__ = ["BudgetSeam", "Controller", "Lease", "LiveSpeeds", "UpstreamSource", "UpstreamState"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -137,6 +137,35 @@ class Lease:
     timer: asyncio.TimerHandle | None = None
 
 
+class LiveSpeeds:
+    """Time per output token measured from the gateway's own streamed answers: an
+    exponentially weighted mean of (last byte - first byte) / completion tokens, used by
+    the deadline estimate when the config gives no ``tpot_s``. Dividing by all the tokens
+    (the first included) errs low, so the estimate refuses only what is surely late."""
+
+    def __init__(self, *, weight: float = 0.1, min_samples: int = 20) -> None:
+        self.weight = weight
+        self.min_samples = min_samples
+        self.samples = 0
+        self._mean_s = 0.0
+
+    def observe(self, decode_s: float, tokens: int) -> None:
+        """One streamed answer: seconds from its first to its last byte, and its tokens."""
+        if tokens < 2 or not (math.isfinite(decode_s) and decode_s > 0):
+            return
+        sample = decode_s / tokens
+        self.samples += 1
+        if self.samples == 1:
+            self._mean_s = sample
+        else:
+            self._mean_s += self.weight * (sample - self._mean_s)
+
+    @property
+    def tpot_s(self) -> float | None:
+        """The measured TPOT, once ``min_samples`` answers were seen (else None)."""
+        return self._mean_s if self.samples >= self.min_samples else None
+
+
 class Controller:
     """Admission, queues, slots, routing and the retry budget on the wall clock."""
 
@@ -167,6 +196,8 @@ class Controller:
         self.capped = 0
         """Requests admission would have dispatched at once, queued instead because their
         tenant held its slot share (those already queued are passed over in :meth:`pump`)."""
+        self.speeds = LiveSpeeds()
+        """Time per output token measured from streamed answers."""
         self.draining = False
         """This instance is shutting down: new requests are refused (``draining``); queued
         and dispatched ones finish."""
@@ -282,14 +313,27 @@ class Controller:
             free_kv_blocks=best.free_kv_blocks if best else 0,
             total_kv_blocks=best.total_kv_blocks if best else self.config.kv_blocks_per_upstream,
             tenants=tenants,
-            prefill_tokens_per_s=self.config.prefill_tokens_per_s,
-            tpot_s=self.config.tpot_s,
+            prefill_tokens_per_s=self._prefill_tokens_per_s(),
+            tpot_s=self.tpot_s(),
             draining=self.draining,
             downstream_health=1.0 if ready else 0.0,
             downstream_next_probe_s=None
             if ready
             else min((u.down_until_s for u in ups if u.down_until_s > now), default=None),
         )
+
+    def tpot_s(self) -> float | None:
+        """The config's TPOT, else the one measured from streamed answers (when on)."""
+        if self.config.tpot_s is not None:
+            return self.config.tpot_s
+        return self.speeds.tpot_s if self.config.measure_speeds else None
+
+    def _prefill_tokens_per_s(self) -> float | None:
+        """The config's prefill speed; unknown with a known TPOT counts prefill as free,
+        so the service estimate is a lower bound and refuses only the surely late."""
+        if self.config.prefill_tokens_per_s is not None:
+            return self.config.prefill_tokens_per_s
+        return math.inf if self.tpot_s() is not None else None
 
     def _completion_rate(self, now: float, tenant: str) -> float:
         counter = self._completions.get(tenant)

@@ -88,7 +88,8 @@ _STATUS: Final[dict[ShedReason, int]] = {
 
 def status_for(reason: ShedReason) -> int:
     """HTTP status of a shed: 429 for the queue's and the tenant's limits, 503 for
-    capacity, deadlines and the engines, 400 for a request that can never fit."""
+    capacity, deadlines and the engines, 400 for a request that can never fit (and, in
+    :meth:`GatewayServer._shed_response`, a deadline shorter than the service alone)."""
     return _STATUS[reason]
 
 
@@ -390,6 +391,9 @@ class GatewayServer:
                   lambda: [((), float(ctl.capped))])  # fmt: skip
         reg.gauge("headway_gateway_retry_budget_left", "Retries the budget still allows now.",
                   [], budget)  # fmt: skip
+        reg.gauge("headway_gateway_tpot_seconds", "Time per output token the deadline "
+                  "estimate uses (the config's, or measured; 0: none yet).", [],
+                  lambda: [((), ctl.tpot_s() or 0.0)])  # fmt: skip
         reg.gauge("headway_gateway_upstream_outstanding_requests",
                   "Requests dispatched to each upstream.", ["upstream"], running)  # fmt: skip
         if self.pool is None:  # the pool renders its own, richer gauge of that name
@@ -527,6 +531,13 @@ class GatewayServer:
 
     def _shed_response(self, shed: Shed, record: RequestRecord) -> web.Response:
         status = status_for(shed.reason)
+        if shed.reason is ShedReason.DEADLINE_UNMEETABLE and shed.retry_after_s is None:
+            # Its deadline is shorter than its service alone: no wait can fix it, only a
+            # longer deadline or fewer tokens (the core's "impossible" check).
+            status = 400
+            shed = dataclasses.replace(
+                shed, detail=f"{shed.detail}; raise {DEADLINE_HEADER} or lower max_tokens"
+            )
         self.m_shed.inc(shed.reason.value, str(status))
         record.admission = "shed"
         record.shed_reason = shed.reason.value
@@ -606,6 +617,7 @@ class GatewayServer:
             max_tokens=max_tokens,
             priority=parsed.band,
             deadline_s=parsed.deadline_s,
+            deadline_renews_on_retry=True,  # a retry sends its own x-headway-deadline-ms
             ticket=parsed.ticket,
         )
         ctl.retries.record_request(ctl.now())
@@ -808,7 +820,10 @@ class GatewayServer:
             log.warning("upstream %s failed mid-stream: %s", upstream.url, error)
             self.m_upstream_errors.inc(upstream.url)
             return out, None, False
-        return out, _stream_usage(tail), True
+        tokens = _stream_usage(tail)
+        if tokens is not None and record.first_byte_s is not None:
+            self.controller.speeds.observe(time.monotonic() - record.first_byte_s, tokens)
+        return out, tokens, True
 
     # -- other routes ----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from headway.core.errors import ConfigError
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.gateway.config import parse_config
-from headway.gateway.control import Controller, Lease
+from headway.gateway.control import Controller, Lease, LiveSpeeds
 from headway.gateway.metrics import Registry
 from headway.gateway.server import _stream_usage, status_for
 
@@ -237,3 +237,30 @@ def test_abandoned_queued_requests_free_the_tenants_bound_at_once() -> None:
         assert sum(ctl.in_flight.values()) == 0
 
     asyncio.run(scenario())
+
+
+def test_live_speeds_feed_the_deadline_estimate_once_measured() -> None:
+    """Without ``tpot_s`` the gateway measures it from streamed answers (after 20); a call
+    whose output alone cannot finish before its deadline is then refused at arrival. With
+    ``measure_speeds: false`` there is no estimate."""
+    speeds = LiveSpeeds(min_samples=3)
+    speeds.observe(0.5, 1)  # too short to say anything
+    speeds.observe(-1.0, 50)
+    assert speeds.samples == 0 and speeds.tpot_s is None
+    for _ in range(3):
+        speeds.observe(0.5, 50)
+    assert speeds.tpot_s == pytest.approx(0.01)
+
+    async def scenario(measure: bool) -> Shed | Lease:
+        ctl = Controller(parse_config(_cfg(measure_speeds=measure)))
+        for _ in range(20):
+            ctl.speeds.observe(1.0, 100)  # 10 ms per token
+        late = AdmissionRequest(
+            tenant="a", prompt_tokens=10, p95_output_tokens=1000, max_tokens=1000,
+            deadline_s=ctl.now() + 2.0,
+        )  # fmt: skip
+        return ctl.offer(late)
+
+    refused = asyncio.run(scenario(True))
+    assert isinstance(refused, Shed) and refused.reason is ShedReason.DEADLINE_UNMEETABLE
+    assert isinstance(asyncio.run(scenario(False)), Lease)

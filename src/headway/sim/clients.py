@@ -118,14 +118,21 @@ class ClientBehaviour(SimState):
         self._shed_reason.extend([-1] * m)
         self._attempts.extend([0] * m)
 
-    def _dispatch_call(self, j: int, now: float) -> None:
-        """Without a gateway: the attempt is offered and dispatched at once."""
+    def _routed_attempt(self, j: int, now: float) -> int:
+        """Count an attempt of call ``j`` (its first starts the call) and route it: the
+        replica, or -1 when none could take it (the failure went to the retry policy)."""
         self._attempts[j] += 1
         if self._attempts[j] == 1:
             self._first_attempt(j, now)
         choice = self._route(j, now)
         if choice < 0:
             self._retry_or_end(j, now, FailureKind.CONNECT_ERROR, FAILED)
+        return choice
+
+    def _dispatch_call(self, j: int, now: float) -> None:
+        """Without a gateway: the attempt is offered and dispatched at once."""
+        choice = self._routed_attempt(j, now)
+        if choice < 0:
             return
         self._start_attempt_timer(j, now)
         self._send(j, choice, now)

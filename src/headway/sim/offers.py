@@ -20,7 +20,7 @@ from headway.core.workload.compile import CompiledWorkload
 from headway.sim.driver import ReplicaDriver
 from headway.sim.events import ATTEMPT_CODES, EV_GATEWAY_EXPIRY, EV_RETRY
 from headway.sim.kernel import DISPATCH
-from headway.sim.outcome import FAILED, IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
+from headway.sim.outcome import IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
 from headway.sim.state import SimState
 
 _SPEED_EWMA_WEIGHT = 0.1
@@ -52,12 +52,8 @@ class GatewayOffers(SimState):
         """Offer call ``j`` to the gateway: dispatch, queue or shed it."""
         gateway = self.gateway
         assert gateway is not None
-        self._attempts[j] += 1
-        if self._attempts[j] == 1:
-            self._first_attempt(j, now)
-        choice = self._route(j, now)
+        choice = self._routed_attempt(j, now)
         if choice < 0:
-            self._retry_or_end(j, now, FailureKind.CONNECT_ERROR, FAILED)
             return
         driver = self.drivers[choice]
         self._materialize(driver, now)

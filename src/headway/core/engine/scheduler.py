@@ -699,12 +699,7 @@ class Scheduler:
                     kv_tokens += computed
                     if left < max_steps or max_steps < 0:
                         max_steps = left
-        if finished:
-            self._finish(finished)
-        self._sums_cache = None
-        if num_decoding == len(self._running):
-            self._sums_cache = self._checked_sums(max_steps, kv_tokens)
-        return StepOutputs(tokens=tokens, finished_ids=tuple([r.request_id for r in finished]))
+        return self._close_step(tokens, finished, num_decoding, kv_tokens, max_steps)
 
     def _update_lazily(
         self, plan: SchedulePlan, decoded_ids: list[RequestId], kv_before: int
@@ -744,6 +739,19 @@ class Scheduler:
                     kv_tokens += computed
                     if left < max_steps or max_steps < 0:
                         max_steps = left
+        return self._close_step(tokens, finished, num_decoding, kv_tokens, max_steps)
+
+    def _close_step(
+        self,
+        tokens: dict[RequestId, int],
+        finished: list[EngineRequest],
+        num_decoding: int,
+        kv_tokens: int,
+        max_steps: int,
+    ) -> StepOutputs:
+        """End a step's update (eager or lazy): finish those done, and when the requests
+        that go on decoding are the whole running set, cache their sums (gathered on the
+        way) for the next :meth:`_decoding_sums`."""
         if finished:
             self._finish(finished)
         self._sums_cache = None

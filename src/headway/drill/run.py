@@ -150,11 +150,7 @@ def _delta(after: list[Metrics], before: list[Metrics], name: str, **labels: str
 
 
 async def _cancel_and_time(
-    load: LoadRun,
-    fault: Fault,
-    stack: Stack,
-    session: aiohttp.ClientSession,
-    gw_before: list[Metrics],
+    load: LoadRun, fault: Fault, stack: Stack, session: aiohttp.ClientSession
 ) -> dict[str, float]:
     """Abandon a share of the calls in flight; how long until the engines aborted every
     one the gateways had sent on (``cancel_free_s``)."""
@@ -189,7 +185,6 @@ async def _fire(
     stack: Stack,
     session: aiohttp.ClientSession,
     load: LoadRun,
-    gw_before: list[Metrics],
     timeline: list[dict[str, Any]],
     figures: dict[str, float],
 ) -> None:
@@ -200,7 +195,7 @@ async def _fire(
     entry: dict[str, Any] = {"at_s": round(started - load.started_s, 3), "action": fault.action}
     entry["engine"] = fault.engine
     if fault.action == "cancel_in_flight":
-        got = await _cancel_and_time(load, fault, stack, session, gw_before)
+        got = await _cancel_and_time(load, fault, stack, session)
     else:
         got = await stack.act(fault, session)
     entry["took_s"] = round(time.monotonic() - started, 3)
@@ -262,7 +257,7 @@ async def run_drill(
         sending = asyncio.create_task(load.run(session))
         await asyncio.sleep(0)
         jobs = [
-            asyncio.create_task(_fire(f, stack, session, load, gw_before, timeline, figures))
+            asyncio.create_task(_fire(f, stack, session, load, timeline, figures))
             for f in drill.faults
         ]
         watch = [

@@ -10,7 +10,6 @@ one-line message that names the file and, for a value, where; nothing else escap
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz_trees import mutate
 from headway.calibrate.profile import Profile, read_profile
 from headway.core.engine.steptime import AffineStepTime
 from headway.core.errors import HeadwayError
@@ -96,29 +96,6 @@ READERS: dict[str, tuple[Callable[[Path], object], list[Any]]] = {
 }  # fmt: skip
 READERS["profile"] = (read_profile, [PROFILE])
 
-nasty = st.one_of(
-    st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, -0.0, 1e308, 2**63, -(2**63) - 1]),
-    st.integers(),
-    st.floats(),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=10),
-    st.lists(st.integers(-5, 5), max_size=3),
-    st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=4), max_size=3),
-)
-_COUNTER = iter(range(10**9))
-
-
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(node, dict):
-        for key, value in node.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            out += _paths(value, (*prefix, i))
-    return out
-
 
 def _read(kind: str, path: Path) -> str | None:
     """Read ``path`` as ``kind``: None when it is valid, else the checked error message."""
@@ -131,6 +108,9 @@ def _read(kind: str, path: Path) -> str | None:
         assert "\n" not in message.strip(), message
         return message
     return None
+
+
+_COUNTER = iter(range(10**9))
 
 
 def _write(tmp_path: Path, data: bytes, suffix: str = ".yaml") -> Path:
@@ -150,20 +130,7 @@ def test_one_value_changed_anywhere(
 ) -> None:
     seeds = READERS[kind][1]
     tree = json.loads(json.dumps(data.draw(st.sampled_from(seeds), label="seed")))
-    paths = [p for p in _paths(tree) if p]
-    where = data.draw(st.sampled_from(paths), label="path")
-    parent = tree
-    for part in where[:-1]:
-        parent = parent[part]
-    last = where[-1]
-    if action == "replace":
-        parent[last] = data.draw(nasty, label="value")
-    elif action == "delete":
-        del parent[last]
-    elif isinstance(parent, dict):
-        parent[data.draw(st.text(min_size=1, max_size=12), label="key")] = data.draw(nasty)
-    else:
-        parent.append(data.draw(nasty, label="value"))
+    mutate(tree, data, action)
     suffix = ".json" if kind == "profile" else ".yaml"
     text = json.dumps(tree) if kind == "profile" else yaml.safe_dump(tree)
     _read(kind, _write(tmp_path, text.encode(), suffix))

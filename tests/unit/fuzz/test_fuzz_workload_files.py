@@ -10,7 +10,6 @@ line; a "billion laughs" is refused in milliseconds, not expanded.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz_trees import mutate
 from headway.cli import main
 from headway.core.errors import HeadwayError, WorkloadError
 from headway.files.workload import load_workload, parse_workload, read_yaml
@@ -65,28 +65,6 @@ def load_or_error(path: Path) -> str | None:
 
 # --- tree mutations --------------------------------------------------------------------------
 
-nasty = st.one_of(
-    st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, -0.0, 1e308, 2**63, -(2**63) - 1]),
-    st.integers(),
-    st.floats(),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=10),
-    st.lists(st.integers(-5, 5), max_size=3),
-    st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=4), max_size=3),
-)
-
-
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(node, dict):
-        for key, value in node.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            out += _paths(value, (*prefix, i))
-    return out
-
 
 def _dotted(path: tuple[Any, ...]) -> str:
     return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
@@ -100,20 +78,7 @@ def _dotted(path: tuple[Any, ...]) -> str:
 )
 def test_one_value_changed_anywhere(seed: str, data: st.DataObject, action: str) -> None:
     tree = yaml.safe_load(SEEDS[seed])
-    paths = [p for p in _paths(tree) if p]
-    where = data.draw(st.sampled_from(paths), label="path")
-    parent = tree
-    for part in where[:-1]:
-        parent = parent[part]
-    last = where[-1]
-    if action == "replace":
-        parent[last] = data.draw(nasty, label="value")
-    elif action == "delete":
-        del parent[last]
-    elif isinstance(parent, dict):
-        parent[data.draw(st.text(min_size=1, max_size=12), label="key")] = data.draw(nasty)
-    else:
-        parent.append(data.draw(nasty, label="value"))
+    where = mutate(tree, data, action)
     try:
         parse_workload(tree, "fuzz.yaml")
     except WorkloadError as error:

@@ -23,8 +23,9 @@ def _tool(name: str) -> str:
     return found
 
 
-# Every folder of Python code in the repository that ruff checks.
+# Every folder (and the build hook) of Python code in the repository that ruff checks.
 CODE_DIRS = [d for d in ("src", "tests", "benchmarks", "scripts") if (ROOT / d).is_dir()]
+CODE_DIRS += [f for f in ("hatch_build.py",) if (ROOT / f).is_file()]
 
 
 def test_ruff_lint() -> None:

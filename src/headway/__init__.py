@@ -7,6 +7,10 @@ later the simulator, emulator, bench and gateway). See ``DESIGN`` in the docs.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from headway import native
+
+native.install()  # before any compiled module is imported: stale builds use the sources
+
 try:
     __version__ = version("headway")
 except PackageNotFoundError:  # running from a source tree without an install

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from headway import __version__
+from headway import __version__, native
 from headway.core.errors import HeadwayError
 
 _VERB_MODULES: dict[str, str] = {
@@ -39,7 +39,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success; 1 a check failed; 2 a usage or configuration error "
         "(one line naming the key path, the value and the fix). Docs: docs/ in the repository.",
     )
-    parser.add_argument("--version", action="version", version=f"headway {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"headway {__version__} ({native.status().reason})",
+    )
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
     modules = [_VERB_MODULES[verb]] if verb in _VERB_MODULES else list(_VERB_MODULES.values())
     for name in dict.fromkeys(modules):

@@ -21,7 +21,7 @@ from headway.core.engine.scheduler import EngineRequest, Scheduler, SchedulerCon
 
 def eager(config: SchedulerConfig, num_blocks: int) -> Scheduler:
     scheduler = Scheduler(config, num_blocks)
-    scheduler._attach = lambda: False  # type: ignore[method-assign]
+    scheduler.lazy_decoding = False
     return scheduler
 
 

@@ -23,14 +23,14 @@ from headway.core.workload.compile import CompiledWorkload
 from headway.core.workload.distributions import sample
 from headway.sim.events import EV_ATTEMPT_TIMEOUT, EV_DUPLICATE, EV_PATIENCE, EV_RETRY
 from headway.sim.kernel import DISPATCH
+from headway.sim.offers import GatewayOffers
 from headway.sim.outcome import CANCELLED, FAILED, IN_FLIGHT, NOT_OFFERED, TIMED_OUT
-from headway.sim.state import SimState
 
 # Random streams (with the workload's seed) of the clients' draws.
 _PATIENCE_STREAM, _RETRY_STREAM, _DUPLICATE_STREAM = 101, 102, 103
 
 
-class ClientBehaviour(SimState):
+class ClientBehaviour(GatewayOffers):
     """The simulator's clients: how each call is attempted, retried, abandoned."""
 
     def _init_clients(self, workload: CompiledWorkload) -> None:

@@ -20,7 +20,7 @@ from headway.sim.events import EV_BOUNDARY, EV_KV_ARRIVED
 from headway.sim.faults import Fault
 from headway.sim.gateway import SimGateway
 from headway.sim.kernel import BOUNDARY, DISPATCH
-from headway.sim.state import SimState
+from headway.sim.replicas import ReplicaStepping
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +83,7 @@ def check_disaggregation(
         )
 
 
-class DisaggregatedHandoff(SimState):
+class DisaggregatedHandoff(ReplicaStepping):
     """The simulator's disaggregated calls: prefill done, KV moved, withdrawn between."""
 
     def _init_disaggregation(self, disagg: Disaggregation | None, router: Router) -> None:

@@ -15,15 +15,15 @@ from typing import cast
 from headway.core.engine.replica import ReplicaModel
 from headway.core.policy.autoscaler import Autoscaler, AutoscalerSignals, ScaleDown, ScaleUp
 from headway.core.policy.retries import FailureKind
+from headway.sim.disaggregation import DisaggregatedHandoff
 from headway.sim.driver import IDLE, ReplicaDriver
 from headway.sim.events import EV_AUTOSCALE, EV_FAULT, EV_REPLICA_READY
 from headway.sim.faults import CacheFlush, Fault, Slowdown
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import FAILED
-from headway.sim.state import SimState
 
 
-class FleetChanges(SimState):
+class FleetChanges(DisaggregatedHandoff):
     """The simulator's faults and autoscaling: replicas slowed, lost, added, drained."""
 
     def _init_fleet(

@@ -19,15 +19,15 @@ from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.driver import ReplicaDriver
 from headway.sim.events import ATTEMPT_CODES, EV_GATEWAY_EXPIRY, EV_RETRY
+from headway.sim.fleet import FleetChanges
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
-from headway.sim.state import SimState
 
 _SPEED_EWMA_WEIGHT = 0.1
 """Weight of the newest completed call in the gateway's measured prefill speed and TPOT."""
 
 
-class GatewayOffers(SimState):
+class GatewayOffers(FleetChanges):
     """The simulator's side of the gateway: offer, queue, dispatch, expire, release."""
 
     def _init_gateway(self, workload: CompiledWorkload) -> None:

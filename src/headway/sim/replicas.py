@@ -17,10 +17,10 @@ from headway.core.policy.routing import Router, RouteRequest
 from headway.sim.driver import IDLE, RUN, STEP, ReplicaDriver
 from headway.sim.events import EV_BOUNDARY
 from headway.sim.kernel import BOUNDARY
-from headway.sim.state import SimState
+from headway.sim.recording import Recording
 
 
-class ReplicaStepping(SimState):
+class ReplicaStepping(Recording):
     """The simulator's replicas: route a call, add it, step, skip identical decode steps."""
 
     def _init_routing(

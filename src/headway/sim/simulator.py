@@ -29,7 +29,6 @@ have left it (``tests/unit/sim/test_skipping.py``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,8 +37,7 @@ from headway.core.engine.replica import ReplicaModel
 from headway.core.policy.autoscaler import Autoscaler
 from headway.core.policy.routing import Router
 from headway.core.workload.compile import CompiledWorkload
-from headway.sim.clients import ClientBehaviour
-from headway.sim.disaggregation import DisaggregatedHandoff, Disaggregation, check_disaggregation
+from headway.sim.disaggregation import Disaggregation, check_disaggregation
 from headway.sim.driver import ReplicaDriver
 from headway.sim.events import (
     EV_ATTEMPT_TIMEOUT,
@@ -58,18 +56,15 @@ from headway.sim.events import (
     EV_TOOL_FAILED,
 )
 from headway.sim.faults import Fault
-from headway.sim.fleet import FleetChanges
 from headway.sim.gateway import SimGateway
 from headway.sim.kernel import DISPATCH, SAMPLE, EventQueue
-from headway.sim.offers import GatewayOffers
+from headway.sim.options import SimOptions
 from headway.sim.outcome import (
     OUTCOMES,
     SHED_REASONS,
     CallRecords,
     SimOutcome,
 )
-from headway.sim.recording import Recording
-from headway.sim.replicas import ReplicaStepping
 from headway.sim.tasks import TaskFlow
 
 __all__ = [
@@ -84,37 +79,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SimOptions:
-    """Knobs of one simulation run."""
-
-    skip_decode: bool = True
-    """Jump over runs of identical decode steps (results are identical either way)."""
-
-    sample_points: int = 1000
-    """How many timeline samples (KV occupancy, running, waiting) to take."""
-
-    check_invariants: bool = False
-    """Check every replica's invariants after every step (slow; for tests)."""
-
-    prefix_block_tokens: int | None = None
-    """Token size of the workload's prefix blocks, when calls carry prefix hash ids."""
-
-
-class Simulator(
-    TaskFlow,
-    ClientBehaviour,
-    GatewayOffers,
-    FleetChanges,
-    DisaggregatedHandoff,
-    ReplicaStepping,
-    Recording,
-):
+class Simulator(TaskFlow):
     """Runs one compiled workload on a list of replicas behind a router.
 
-    Each base is one concern (:mod:`.tasks`, :mod:`.clients`, :mod:`.offers`, :mod:`.fleet`,
-    :mod:`.disaggregation`, :mod:`.replicas`, :mod:`.recording`) over the shared state of
-    :class:`~headway.sim.state.SimState`; this class builds that state and runs the loop.
+    Its bases form one chain, a concern each (:mod:`.tasks`, :mod:`.clients`,
+    :mod:`.offers`, :mod:`.fleet`, :mod:`.disaggregation`, :mod:`.replicas`,
+    :mod:`.recording`) over the shared state of :class:`~headway.sim.state.SimState`; this
+    class builds that state and runs the loop.
     """
 
     def __init__(

@@ -1,10 +1,13 @@
 """The state the simulator's parts share, declared once.
 
-:class:`~headway.sim.simulator.Simulator` is assembled from one mixin per concern (tasks,
-clients, gateway offers, fleet changes, disaggregation, replica stepping, recording); each
-derives from :class:`SimState`, which declares the attributes more than one of them reads
-and, for the type checker only, the methods they call across each other. Plain attributes
-on one object keep the event loop's hot paths free of indirection.
+:class:`~headway.sim.simulator.Simulator` is assembled from one part per concern, each a
+class in its own module, stacked as one chain of single inheritance over
+:class:`SimState` (recording, replica stepping, disaggregation, fleet changes, gateway
+offers, clients, tasks, then the simulator). :class:`SimState` declares the attributes
+more than one part reads and the methods they call across each other (each defined by
+exactly one part). One chain, not mixins: the compiled build (``pyproject.toml``,
+``[tool.hatch.build.hooks.custom]``) lays a chain out as one native class, and plain
+attributes on one object keep the event loop's hot paths free of indirection.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ if TYPE_CHECKING:
 
 
 class SimState:
-    """Attributes and cross-part methods of the simulator (see the module docstring)."""
+    """Attributes and cross-part methods of the simulator (see the module docstring).
+
+    The methods here only declare: the part named above each group defines it.
+    """
 
     # The run's inputs and machinery.
     w: CompiledWorkload
@@ -132,44 +138,84 @@ class SimState:
     _timeline: list[tuple[float, int, int, float]]
     _boundary_samples: list[tuple[int, int, int]]
 
-    if TYPE_CHECKING:
-        # headway.sim.replicas
-        def _route(self, j: int, now: float) -> int: ...
-        def _route_pool(self, r: int, now: float, lo: int, hi: int, router: Router) -> int: ...
-        def _send(self, j: int, choice: int, now: float) -> None: ...
-        def _materialize(self, driver: ReplicaDriver, now: float) -> None: ...
+    # headway.sim.replicas
+    def _route(self, j: int, now: float) -> int:
+        raise NotImplementedError
 
-        # headway.sim.tasks
-        def _call_finished(self, r: int, now: float, driver: ReplicaDriver) -> None: ...
-        def _call_unserved(self, j: int, now: float) -> None: ...
+    def _route_pool(self, r: int, now: float, lo: int, hi: int, router: Router) -> int:
+        raise NotImplementedError
 
-        # headway.sim.clients
-        def _dispatch_call(self, j: int, now: float) -> None: ...
-        def _first_attempt(self, j: int, now: float) -> None: ...
-        def _routed_attempt(self, j: int, now: float) -> int: ...
-        def _start_attempt_timer(self, j: int, now: float) -> None: ...
-        def _retry_or_end(self, j: int, now: float, kind: FailureKind, final: int) -> None: ...
-        def _deadline(self, j: int, now: float) -> tuple[float | None, bool]: ...
-        def _cancel_call(self, j: int, now: float) -> bool: ...
+    def _send(self, j: int, choice: int, now: float) -> None:
+        raise NotImplementedError
 
-        # headway.sim.offers
-        def _offer(self, j: int, now: float) -> None: ...
-        def _pump(self, now: float) -> None: ...
-        def _projected_kv_blocks(self, j: int) -> int: ...
-        def _left_replicas(self, j: int) -> None: ...
-        def _gateway_ended(self, j: int) -> None: ...
-        def _measure_speeds(self, j: int, now: float) -> None: ...
+    def _materialize(self, driver: ReplicaDriver, now: float) -> None:
+        raise NotImplementedError
 
-        # headway.sim.fleet
-        def _strike_pending_loss(
-            self, driver: ReplicaDriver, now: float, prefill: bool
-        ) -> bool: ...
-        def _provisioned_changed(self, now: float) -> None: ...
+    # headway.sim.tasks
+    def _call_finished(self, r: int, now: float, driver: ReplicaDriver) -> None:
+        raise NotImplementedError
 
-        # headway.sim.disaggregation
-        def _prefill_finished(self, r: int, now: float, driver: ReplicaDriver) -> None: ...
-        def _withdraw_disaggregated(self, j: int, now: float) -> bool: ...
+    def _call_unserved(self, j: int, now: float) -> None:
+        raise NotImplementedError
 
-        # headway.sim.recording
-        def _record_step(self, result: StepResult) -> None: ...
-        def _record_run(self, run: DecodeRun) -> None: ...
+    # headway.sim.clients
+    def _dispatch_call(self, j: int, now: float) -> None:
+        raise NotImplementedError
+
+    def _first_attempt(self, j: int, now: float) -> None:
+        raise NotImplementedError
+
+    def _routed_attempt(self, j: int, now: float) -> int:
+        raise NotImplementedError
+
+    def _start_attempt_timer(self, j: int, now: float) -> None:
+        raise NotImplementedError
+
+    def _retry_or_end(self, j: int, now: float, kind: FailureKind, final: int) -> None:
+        raise NotImplementedError
+
+    def _deadline(self, j: int, now: float) -> tuple[float | None, bool]:
+        raise NotImplementedError
+
+    def _cancel_call(self, j: int, now: float) -> bool:
+        raise NotImplementedError
+
+    # headway.sim.offers
+    def _offer(self, j: int, now: float) -> None:
+        raise NotImplementedError
+
+    def _pump(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _projected_kv_blocks(self, j: int) -> int:
+        raise NotImplementedError
+
+    def _left_replicas(self, j: int) -> None:
+        raise NotImplementedError
+
+    def _gateway_ended(self, j: int) -> None:
+        raise NotImplementedError
+
+    def _measure_speeds(self, j: int, now: float) -> None:
+        raise NotImplementedError
+
+    # headway.sim.fleet
+    def _strike_pending_loss(self, driver: ReplicaDriver, now: float, prefill: bool) -> bool:
+        raise NotImplementedError
+
+    def _provisioned_changed(self, now: float) -> None:
+        raise NotImplementedError
+
+    # headway.sim.disaggregation
+    def _prefill_finished(self, r: int, now: float, driver: ReplicaDriver) -> None:
+        raise NotImplementedError
+
+    def _withdraw_disaggregated(self, j: int, now: float) -> bool:
+        raise NotImplementedError
+
+    # headway.sim.recording
+    def _record_step(self, result: StepResult) -> None:
+        raise NotImplementedError
+
+    def _record_run(self, run: DecodeRun) -> None:
+        raise NotImplementedError

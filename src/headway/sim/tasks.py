@@ -14,14 +14,14 @@ import numpy as np
 from headway.core.downstream import DownstreamConfig, DownstreamService
 from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
 from headway.core.workload.compile import CompiledWorkload
+from headway.sim.clients import ClientBehaviour
 from headway.sim.driver import ReplicaDriver
 from headway.sim.events import ATTEMPT_CODES, EV_STEP_DISPATCH, EV_TOOL_CALL, EV_TOOL_FAILED
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import COMPLETED, IN_FLIGHT
-from headway.sim.state import SimState
 
 
-class TaskFlow(SimState):
+class TaskFlow(ClientBehaviour):
     """The simulator's tasks: their steps, calls finishing, tool calls, tasks ending."""
 
     def _init_tasks(self, workload: CompiledWorkload) -> None:

@@ -16,7 +16,12 @@ import pytest
 
 from engine_configs import CONFIGS
 from headway.core.engine.kv import BlockPool, chain_block_hashes
-from headway.core.engine.replica import ReplicaModel, StepResult, decode_run_duration_s
+from headway.core.engine.replica import (
+    ReplicaModel,
+    StepResult,
+    decode_run_duration_s,
+    steps_starting_before,
+)
 from headway.core.engine.scheduler import EngineRequest, SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime
 
@@ -199,7 +204,7 @@ def replay(
     outcome. ``fast=False`` turns the all-decoding scheduling pass off."""
     replica = ReplicaModel(config, num_blocks, STEP_TIME)
     if not fast:
-        replica.scheduler._schedule_decoding = lambda step: False  # type: ignore[method-assign]
+        replica.scheduler.decoding_pass = False
     events = sorted(
         [(a.time_s, 0, a) for a in arrivals]
         + [(a.abort_s, 1, a) for a in arrivals if a.abort_s is not None],
@@ -309,15 +314,14 @@ def test_steps_before_an_arrival_agree_with_a_bisection(seed: int) -> None:
         )
         if shape[2] == 0.0 and shape[3] == 0.0:
             continue  # a step must take time
-        replica._decode_affine = lambda shape=shape: shape  # type: ignore[method-assign]
         now = float(rng.uniform(0, 1e4))
         limit = int(rng.integers(1, 5000))
         horizon = now + decode_run_duration_s(limit, *shape)
         until_s = float(rng.uniform(now, horizon * 1.1 + 1e-3)) if rng.random() < 0.9 else (
             now + decode_run_duration_s(int(rng.integers(0, limit)), *shape)
         )  # fmt: skip
-        got = replica.decode_steps_starting_before(now, until_s, limit)
         if until_s > now:
+            got = steps_starting_before(now, until_s, limit, *shape)
             assert got == bisect_steps_before(now, until_s, limit, shape)
         else:
-            assert got == 0
+            assert replica.decode_steps_starting_before(now, until_s, limit) == 0

@@ -36,6 +36,7 @@ __all__ = [
     "ReplicaSnapshot",
     "StepResult",
     "decode_run_duration_s",
+    "steps_starting_before",
 ]
 
 
@@ -54,6 +55,45 @@ def decode_run_duration_s(
     """
     kv_total = num_steps * kv_tokens_first_step + num_seqs * (num_steps * (num_steps - 1) // 2)
     return num_steps * base_s + per_kv_token_s * kv_total
+
+
+def steps_starting_before(
+    now: float,
+    until_s: float,
+    limit: int,
+    num_seqs: int,
+    kv_first: int,
+    base_s: float,
+    per_kv_s: float,
+) -> int:
+    """How many of at most ``limit`` identical decode steps run from ``now`` < ``until_s``
+    (``num_seqs`` sequences, ``kv_first`` KV tokens at the first, each step ``base_s +
+    per_kv_s × KV tokens``) start before ``until_s`` (the first always does)."""
+    lo, hi = 1, limit  # step 1 starts at now < until_s
+
+    # The search decides with the same sums; the closed-form estimate of the answer
+    # (the root of a quadratic) only narrows its bracket, usually to one value.
+    def starts_before(k: int) -> bool:
+        duration_s = decode_run_duration_s(k - 1, num_seqs, kv_first, base_s, per_kv_s)
+        return now + duration_s < until_s
+
+    guess = _estimate_steps_before(until_s - now, num_seqs, kv_first, base_s, per_kv_s)
+    guess = min(max(guess, lo), hi)
+    if starts_before(guess):
+        lo = guess
+        if guess < hi and not starts_before(guess + 1):
+            hi = guess
+    else:
+        hi = guess - 1  # >= 1: step 1 starts before until_s
+        if lo < hi and starts_before(hi):
+            lo = hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if starts_before(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _estimate_steps_before(
@@ -386,32 +426,7 @@ class ReplicaModel:
         limit = self.max_identical_decode_steps() if max_steps is None else max_steps
         if limit <= 0 or not now < until_s:
             return 0
-        num_seqs, kv_first, base_s, per_kv_s = self._decode_affine()
-        lo, hi = 1, limit  # step 1 starts at now < until_s
-
-        # The search decides with the same sums; the closed-form estimate of the answer
-        # (the root of a quadratic) only narrows its bracket, usually to one value.
-        def starts_before(k: int) -> bool:
-            duration_s = decode_run_duration_s(k - 1, num_seqs, kv_first, base_s, per_kv_s)
-            return now + duration_s < until_s
-
-        guess = _estimate_steps_before(until_s - now, num_seqs, kv_first, base_s, per_kv_s)
-        guess = min(max(guess, lo), hi)
-        if starts_before(guess):
-            lo = guess
-            if guess < hi and not starts_before(guess + 1):
-                hi = guess
-        else:
-            hi = guess - 1  # >= 1: step 1 starts before until_s
-            if lo < hi and starts_before(hi):
-                lo = hi
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if starts_before(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return steps_starting_before(now, until_s, limit, *self._decode_affine())
 
     def preview_decode_run(self, now: float, num_steps: int) -> DecodeRun:
         """The run that :meth:`advance_decode_steps` would apply, without applying it.

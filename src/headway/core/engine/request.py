@@ -322,7 +322,9 @@ class PriorityRequestQueue:
         heapq.heappush(self._heap, (req.priority, req.arrival_s, req._seq, token, req))
         self._size += 1
 
-    push_front = push  # a preempted request goes back to its place by key (vLLM)
+    def push_front(self, req: EngineRequest) -> None:
+        """A preempted request goes back to its place by key (vLLM), as :meth:`push`."""
+        self.push(req)
 
     def peek(self) -> EngineRequest | None:
         heap = self._heap

@@ -39,10 +39,9 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
-import msgspec
-
+from headway.core.engine.config import SchedulerConfig
 from headway.core.engine.kv import BlockPool, unique_block_hash
 from headway.core.engine.request import (
     TERMINAL_STATUSES,
@@ -53,7 +52,6 @@ from headway.core.engine.request import (
     create_request_queue,
 )
 from headway.core.engine.steptime import BatchShape, prefill_pairs
-from headway.core.errors import ConfigError
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -66,86 +64,6 @@ __all__ = [
     "SchedulerConfig",
     "StepOutputs",
 ]
-
-
-class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one replica schedules its batch (vLLM ``SchedulerConfig`` and ``CacheConfig``).
-
-    The defaults reproduce vLLM v0.11's V1 engine on an OpenAI server; ``watermark`` and
-    ``reserve_full_isl`` are later vLLM behaviours, off by default.
-    """
-
-    max_num_seqs: int = 256
-    """Most requests in the running set at once (vLLM ``--max-num-seqs``)."""
-
-    max_num_batched_tokens: int = 8192
-    """Token budget of one step: prefill chunks plus one token per decoding request
-    (vLLM ``--max-num-batched-tokens``)."""
-
-    block_size: int = 16
-    """Tokens per KV cache block (vLLM ``--block-size``)."""
-
-    enable_chunked_prefill: bool = True
-    """Split prompts across steps to fit the token budget. When off, a waiting request
-    whose remaining prompt exceeds the budget left is skipped for this step."""
-
-    enable_prefix_caching: bool = True
-    """Keep full blocks cached by hash and reuse them for requests with the same prefix."""
-
-    policy: Literal["fcfs", "priority"] = "fcfs"
-    """``fcfs``: waiting requests in arrival order, preempt the newest running one.
-    ``priority``: order and preempt by ``(priority, arrival)``, lower priority value first."""
-
-    long_prefill_token_threshold: int = 0
-    """If > 0, no request computes more than this many tokens in one step."""
-
-    watermark: float = 0.0
-    """Fraction of all blocks kept free when a waiting request is admitted while others
-    run (later vLLM ``--watermark``; v0.11 has none, hence 0)."""
-
-    reserve_full_isl: bool = False
-    """Admit a waiting request only if blocks for all of its known tokens fit, not only
-    its first chunk (later vLLM ``scheduler_reserve_full_isl``, default on there)."""
-
-    def __post_init__(self) -> None:
-        _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "use 1 or more")
-        _require(
-            self.max_num_batched_tokens >= self.max_num_seqs,
-            "max_num_batched_tokens",
-            self.max_num_batched_tokens,
-            f"it must be >= max_num_seqs ({self.max_num_seqs}) so that every running "
-            "request can decode each step; raise it or lower max_num_seqs",
-        )
-        _require(self.block_size >= 1, "block_size", self.block_size, "vLLM uses 16")
-        _require(
-            self.policy in ("fcfs", "priority"),
-            "policy",
-            self.policy,
-            "use 'fcfs' or 'priority'",
-        )
-        _require(
-            self.long_prefill_token_threshold >= 0,
-            "long_prefill_token_threshold",
-            self.long_prefill_token_threshold,
-            "use 0 to disable the cap",
-        )
-        _require(
-            self.long_prefill_token_threshold == 0 or self.enable_chunked_prefill,
-            "long_prefill_token_threshold",
-            self.long_prefill_token_threshold,
-            "a per-step cap needs enable_chunked_prefill=true; set it to 0 or enable it",
-        )
-        _require(
-            0.0 <= self.watermark < 1.0,
-            "watermark",
-            self.watermark,
-            "use a fraction in [0, 1), e.g. 0.01",
-        )
-
-
-def _require(ok: bool, field: str, value: object, fix: str) -> None:
-    if not ok:
-        raise ConfigError(f"scheduler.{field} is invalid (got {value!r}): {fix}", path=f"$.{field}")
 
 
 # ----------------------------------------------------------------------------- values
@@ -312,6 +230,12 @@ class Scheduler:
         """The first ``_num_lazy`` running requests decode lazily; the others do not."""
         self._min_lazy = _MIN_LAZY
         """Running requests from which decoding starts lazily (tests lower it)."""
+        self.lazy_decoding = True
+        """False: every decoding request is visited each step, never lazily (the
+        reference that tests compare lazy decoding with). Set it before the first step."""
+        self.decoding_pass = True
+        """False: every step is scheduled by the general loop, never by the all-decoding
+        pass (:meth:`_schedule_decoding`; the reference for tests)."""
         self._block_due: list[list[EngineRequest]] = [[] for _ in range(config.block_size)]
         """Lazily decoding requests by ``_computed % block_size``, each list in running
         order: those in ``_block_due[(-clock.computed) % block_size]`` need a new block
@@ -443,7 +367,7 @@ class Scheduler:
         """Decide the next step and apply its bookkeeping (see the module docstring)."""
         step = _StepBuilder(self.config.max_num_batched_tokens)
         self._pending = None
-        if not self._schedule_decoding(step):
+        if not (self.decoding_pass and self._schedule_decoding(step)):
             self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
@@ -1238,6 +1162,8 @@ class Scheduler:
         Also False, with none lazy, while fewer than ``_min_lazy`` requests run and none
         is lazy yet: for so few, visiting each costs less.
         """
+        if not self.lazy_decoding:
+            return False
         running = self._running
         start = self._num_lazy
         end = len(running)

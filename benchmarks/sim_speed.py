@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from headway import native
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SYNTHETIC = {
@@ -151,7 +153,9 @@ def main() -> int:
         "synthetic_requests_per_s": round(million["requests_per_s"], 1),
         "synthetic_peak_rss_mb": round(million["peak_rss_mb"], 1),
         "first_prediction_s": round(first["first_prediction_s"], 4),
+        "headway_compiled": native.status().compiled,
     }
+    print(f"headway ran {native.status().reason}")
     print(json.dumps(figures))
     return 0
 

@@ -242,7 +242,7 @@ def main() -> int:
             "vidur": run_vidur(python, vidur, traces[name], replicas),
             "headway": run_headway(traces[name], replicas, str(w["router"])),
         }
-    figures: dict[str, float | str] = {}
+    figures: dict[str, float | str | bool] = {}
     header = f"{'':<5}{'sim':<9}{'wall s':>8}{'req/s':>9}"
     for m in ("ttft", "tpot", "e2e"):
         header += f"{m + ' p50':>11}{m + ' p99':>11}"
@@ -270,6 +270,10 @@ def main() -> int:
                 )
         print(f"{name}: headway is {speed:.1f}x Vidur's simulated requests per wall-second")
     figures["speedup_vs_vidur"] = round(min(speedups), 2)
+    from headway import native
+
+    print(f"headway ran {native.status().reason}")
+    figures["headway_compiled"] = native.status().compiled
     print(json.dumps(figures))
     return 0
 

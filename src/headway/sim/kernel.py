@@ -12,7 +12,6 @@ Events at the same time run in priority order, then in the order they were sched
 from __future__ import annotations
 
 import heapq
-import itertools
 from typing import Final
 
 DISPATCH: Final = 0
@@ -31,11 +30,13 @@ class EventQueue:
 
     def __init__(self) -> None:
         self._heap: list[Event] = []
-        self._seq = itertools.count()
+        self._seq = 0
 
     def push(self, time_s: float, priority: int, kind: int, a: int = 0, b: int = 0) -> None:
         """Schedule an event."""
-        heapq.heappush(self._heap, (time_s, priority, next(self._seq), kind, a, b))
+        seq = self._seq
+        self._seq = seq + 1
+        heapq.heappush(self._heap, (time_s, priority, seq, kind, a, b))
 
     def pop(self) -> Event:
         """Remove and return the earliest event."""

@@ -158,10 +158,17 @@ class Simulator(TaskFlow):
         heap = events._heap  # the loop peeks at the top without a method call
         handlers = self._event_handlers()
         while True:
-            if next_task < num_tasks and (
-                not heap or (arrivals[next_task], DISPATCH) < (heap[0][0], heap[0][1])
-            ):
-                now = arrivals[next_task]
+            if next_task < num_tasks:
+                arrival_s = arrivals[next_task]  # before the top event, or at its time
+                if heap:  # and ranked before it
+                    top = heap[0]
+                    arrives = arrival_s < top[0] or (arrival_s == top[0] and top[1] > DISPATCH)
+                else:
+                    arrives = True
+            else:
+                arrives = False
+            if arrives:
+                now = arrival_s
                 self._dispatch_step(next_task, 0, now)
                 next_task += 1
                 num_events += 1

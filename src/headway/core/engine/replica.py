@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from headway.core.engine.scheduler import EngineRequest, RequestId, Scheduler, SchedulerConfig
@@ -116,7 +116,7 @@ def _estimate_steps_before(
     return math.ceil(root)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class StepResult:
     """The outcome of one :meth:`ReplicaModel.step`."""
 
@@ -148,13 +148,36 @@ class StepResult:
     batch: BatchShape
     """The step's batch sums (what the step-time model priced)."""
 
+    def __init__(
+        self,
+        *,
+        start_s: float,
+        duration_s: float,
+        end_s: float,
+        tokens: Mapping[RequestId, int],
+        finished_ids: tuple[RequestId, ...],
+        preempted_ids: tuple[RequestId, ...],
+        admitted_ids: tuple[RequestId, ...],
+        num_scheduled_tokens: Mapping[RequestId, int],
+        batch: BatchShape,
+    ) -> None:
+        self.start_s = start_s
+        self.duration_s = duration_s
+        self.end_s = end_s
+        self.tokens = tokens
+        self.finished_ids = finished_ids
+        self.preempted_ids = preempted_ids
+        self.admitted_ids = admitted_ids
+        self.num_scheduled_tokens = num_scheduled_tokens
+        self.batch = batch
+
     @property
     def is_empty(self) -> bool:
         """True when the replica had nothing it could compute."""
         return self.batch.is_empty
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class DecodeRun:
     """A run of identical decode-only steps applied at once by
     :meth:`ReplicaModel.advance_decode_steps`.
@@ -184,18 +207,30 @@ class DecodeRun:
     finished_ids: tuple[RequestId, ...]
     """Requests that emitted their last token in the last step."""
 
-    end_s: float = field(init=False, repr=False, compare=False)
+    end_s: float
     """When the last step ended: ``step_end_s(num_steps)``, computed once."""
 
-    def __post_init__(self) -> None:
-        duration_s = decode_run_duration_s(
-            self.num_steps,
-            len(self.request_ids),
-            self.kv_tokens_first_step,
-            self.base_s,
-            self.per_kv_token_s,
+    def __init__(
+        self,
+        *,
+        start_s: float,
+        num_steps: int,
+        request_ids: tuple[RequestId, ...],
+        kv_tokens_first_step: int,
+        base_s: float,
+        per_kv_token_s: float,
+        finished_ids: tuple[RequestId, ...],
+    ) -> None:
+        self.start_s = start_s
+        self.num_steps = num_steps
+        self.request_ids = request_ids
+        self.kv_tokens_first_step = kv_tokens_first_step
+        self.base_s = base_s
+        self.per_kv_token_s = per_kv_token_s
+        self.finished_ids = finished_ids
+        self.end_s = start_s + decode_run_duration_s(
+            num_steps, len(request_ids), kv_tokens_first_step, base_s, per_kv_token_s
         )
-        object.__setattr__(self, "end_s", self.start_s + duration_s)
 
     @property
     def num_seqs(self) -> int:

@@ -69,7 +69,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class SchedulePlan:
     """What one step computes: the output of :meth:`Scheduler.schedule`.
 
@@ -89,10 +89,25 @@ class SchedulePlan:
     batch: BatchShape
     """Sums over the batch that determine the step's duration."""
 
-    requests: tuple[EngineRequest, ...] = field(default=(), repr=False, compare=False)
+    requests: tuple[EngineRequest, ...] = field(compare=False, hash=False, repr=False)
     """The scheduled requests themselves, in the order of ``num_scheduled_tokens``, so
     that :meth:`Scheduler.update_after_step` need not look them up by id (empty for a
     plan built elsewhere: then it does)."""
+
+    def __init__(
+        self,
+        *,
+        num_scheduled_tokens: Mapping[RequestId, int],
+        preempted_ids: tuple[RequestId, ...],
+        admitted_ids: tuple[RequestId, ...],
+        batch: BatchShape,
+        requests: tuple[EngineRequest, ...] = (),
+    ) -> None:
+        self.num_scheduled_tokens = num_scheduled_tokens
+        self.preempted_ids = preempted_ids
+        self.admitted_ids = admitted_ids
+        self.batch = batch
+        self.requests = requests
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -105,7 +120,7 @@ class SchedulePlan:
         return not self.num_scheduled_tokens
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class StepOutputs:
     """What one step produced: the output of :meth:`Scheduler.update_after_step`."""
 
@@ -116,8 +131,14 @@ class StepOutputs:
     finished_ids: tuple[RequestId, ...]
     """Requests that generated their last token this step (their blocks are freed)."""
 
+    def __init__(
+        self, *, tokens: Mapping[RequestId, int], finished_ids: tuple[RequestId, ...]
+    ) -> None:
+        self.tokens = tokens
+        self.finished_ids = finished_ids
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class DecodeStepsOutcome:
     """The effect of :meth:`Scheduler.apply_decode_steps`: ``num_steps`` identical
     decode-only steps in which every running request emitted one token per step."""
@@ -133,6 +154,19 @@ class DecodeStepsOutcome:
 
     finished_ids: tuple[RequestId, ...]
     """Requests that emitted their last token in the last step."""
+
+    def __init__(
+        self,
+        *,
+        num_steps: int,
+        request_ids: tuple[RequestId, ...],
+        kv_tokens_first_step: int,
+        finished_ids: tuple[RequestId, ...],
+    ) -> None:
+        self.num_steps = num_steps
+        self.request_ids = request_ids
+        self.kv_tokens_first_step = kv_tokens_first_step
+        self.finished_ids = finished_ids
 
     @property
     def num_seqs(self) -> int:
@@ -635,8 +669,12 @@ class Scheduler:
         others (admitted this step) as in the general loop."""
         clock = self._clock
         clock.output += 1
-        tokens = dict.fromkeys(decoded_ids, 1)
         num_decoded = len(decoded_ids)
+        requests = plan.requests
+        if len(requests) == num_decoded:  # they are the whole step: 1 token each, as planned
+            tokens: Mapping[RequestId, int] = plan.num_scheduled_tokens
+        else:
+            tokens = emitted = dict.fromkeys(decoded_ids, 1)
         num_decoding = num_decoded
         kv_tokens = kv_before + num_decoded
         finished = self._finish_due.pop(clock.output, None) or []
@@ -644,7 +682,6 @@ class Scheduler:
             num_decoding -= 1
             kv_tokens -= req.num_computed_tokens
         max_steps = self._fewest_lazy_left()
-        requests = plan.requests
         running = RequestStatus.RUNNING
         for i in range(num_decoded, len(requests)):
             req = requests[i]
@@ -654,7 +691,7 @@ class Scheduler:
             computed = req.num_computed_tokens
             if computed == req.num_prompt_tokens + output:
                 req.num_output_tokens = output = output + 1
-                tokens[req.request_id] = 1
+                emitted[req.request_id] = 1
                 left = req.max_output_tokens - output
                 if left <= 0:
                     finished.append(req)
@@ -667,7 +704,7 @@ class Scheduler:
 
     def _close_step(
         self,
-        tokens: dict[RequestId, int],
+        tokens: Mapping[RequestId, int],
         finished: list[EngineRequest],
         num_decoding: int,
         kv_tokens: int,

@@ -18,29 +18,48 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class BatchShape:
     """The sums over one step's batch that determine its duration.
 
     A prefill chunk of ``c`` new tokens for a request that already has ``p`` tokens in KV
     attends to ``p + 1 .. p + c`` positions, i.e. ``c * p + c * (c + 1) / 2`` query-key
     pairs; ``prefill_attention_pairs`` is that sum over the step's chunks.
+
+    A value: its fields are never reassigned. Like the other per-step values of the
+    engine model (plans, step results, decode runs, route requests) it is a plain
+    dataclass with its own ``__init__``, not a frozen one: compiled, a frozen dataclass
+    takes about 20× longer to build (its generated ``__init__`` runs interpreted).
     """
 
-    num_prefill_tokens: int = 0
+    num_prefill_tokens: int
     """New prompt tokens computed this step (all chunks together)."""
 
-    prefill_attention_pairs: int = 0
+    prefill_attention_pairs: int
     """Sum over prefill chunks of query-key pairs: ``c * p + c * (c + 1) // 2``."""
 
-    num_prefill_seqs: int = 0
+    num_prefill_seqs: int
     """Requests that contribute a prefill chunk this step."""
 
-    num_decode_seqs: int = 0
+    num_decode_seqs: int
     """Requests that generate one token this step."""
 
-    decode_kv_tokens: int = 0
+    decode_kv_tokens: int
     """Sum over decoding requests of the tokens already in their KV cache (read once each)."""
+
+    def __init__(
+        self,
+        num_prefill_tokens: int = 0,
+        prefill_attention_pairs: int = 0,
+        num_prefill_seqs: int = 0,
+        num_decode_seqs: int = 0,
+        decode_kv_tokens: int = 0,
+    ) -> None:
+        self.num_prefill_tokens = num_prefill_tokens
+        self.prefill_attention_pairs = prefill_attention_pairs
+        self.num_prefill_seqs = num_prefill_seqs
+        self.num_decode_seqs = num_decode_seqs
+        self.decode_kv_tokens = decode_kv_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -59,30 +59,47 @@ class LoadView(Protocol):
     def ready(self) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class ReplicaLoad:
     """What a router knows about one replica."""
 
     outstanding_requests: int
     """Requests running or waiting on the replica."""
 
-    outstanding_tokens: int = 0
+    outstanding_tokens: int
     """Tokens still to compute: remaining prompt plus remaining output (estimated)."""
 
-    free_kv_blocks: int = 0
+    free_kv_blocks: int
     """KV blocks not held by a request."""
 
-    waiting_requests: int = 0
+    waiting_requests: int
     """Requests waiting for admission."""
 
-    revision: str | None = None
+    revision: str | None
     """The model revision the replica serves."""
 
-    ready: bool = True
+    ready: bool
     """False while warming up, draining or failed: never routed to."""
 
+    def __init__(
+        self,
+        *,
+        outstanding_requests: int,
+        outstanding_tokens: int = 0,
+        free_kv_blocks: int = 0,
+        waiting_requests: int = 0,
+        revision: str | None = None,
+        ready: bool = True,
+    ) -> None:
+        self.outstanding_requests = outstanding_requests
+        self.outstanding_tokens = outstanding_tokens
+        self.free_kv_blocks = free_kv_blocks
+        self.waiting_requests = waiting_requests
+        self.revision = revision
+        self.ready = ready
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
 class RouteRequest:
     """What a router knows about the request it places."""
 
@@ -92,14 +109,29 @@ class RouteRequest:
     expected_output_tokens: int
     """Output length the router should plan for (``max_tokens`` or a class estimate)."""
 
-    projected_kv_blocks: int = 0
+    projected_kv_blocks: int
     """KV blocks the request will hold at its end."""
 
-    revision: str | None = None
+    revision: str | None
     """Pinned model revision (None: any)."""
 
-    prefix_group: int | None = None
+    prefix_group: int | None
     """Requests with the same group share a prompt prefix (session, document)."""
+
+    def __init__(
+        self,
+        *,
+        prompt_tokens: int,
+        expected_output_tokens: int,
+        projected_kv_blocks: int = 0,
+        revision: str | None = None,
+        prefix_group: int | None = None,
+    ) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.expected_output_tokens = expected_output_tokens
+        self.projected_kv_blocks = projected_kv_blocks
+        self.revision = revision
+        self.prefix_group = prefix_group
 
 
 @dataclass(slots=True)

@@ -88,7 +88,7 @@ def _compile(src: Path, modules: list[str], out: Path) -> list[Path]:
     os.chdir(src)  # module names come from the paths; in-place output lands beside them
     try:
         extensions = mypycify(
-            ["--ignore-missing-imports", *modules],
+            ["--ignore-missing-imports", "--cache-dir", str(work / "mypy"), *modules],
             opt_level="3",
             multi_file=True,
             group_name=GROUP,

@@ -97,7 +97,7 @@ csv_cell = st.one_of(
     st.integers(-(10**20), 10**20).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.sampled_from(["", " ", "nan", "inf", "-1", "1e9", "0x10", "١٢", "1_000", "12abc"]),
-    st.text(st.characters(exclude_characters="\r\n"), max_size=8),
+    st.text(st.characters(exclude_characters="\r\n", exclude_categories=("Cs",)), max_size=8),
 )
 
 

@@ -179,8 +179,8 @@ class _StepBuilder:
 
     ``decoded`` are running requests that :meth:`Scheduler._schedule_decoding` already
     gave their one decode token (their computed tokens already advanced, their KV tokens
-    summed in ``decode_kv``, their ids in ``decoded_ids``; ``lazy`` when they decode
-    lazily); ``scheduled`` are the others, advanced by ``_build_plan``.
+    summed in ``decode_kv``; ``lazy`` when they decode lazily); ``scheduled`` are the
+    others, advanced by ``_build_plan``.
     """
 
     __slots__ = (
@@ -188,7 +188,6 @@ class _StepBuilder:
         "budget",
         "decode_kv",
         "decoded",
-        "decoded_ids",
         "lazy",
         "preempted",
         "scheduled",
@@ -197,7 +196,6 @@ class _StepBuilder:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.decoded: list[EngineRequest] = []
-        self.decoded_ids: list[RequestId] = []
         self.decode_kv = 0
         self.lazy = False
         self.scheduled: dict[EngineRequest, int] = {}
@@ -241,9 +239,10 @@ class Scheduler:
         )
         self._requests: dict[RequestId, EngineRequest] = {}
         self._running: list[EngineRequest] = []
-        self._running_ids: list[RequestId] = []
-        """The ids of ``_running``, in the same order (kept in step with it: steps report
-        the running set's ids, and a copy of this list costs no Python loop)."""
+        self._running_ids: dict[RequestId, int] = {}
+        """The ids of ``_running``, in the same order, each mapped to 1 (kept in step with
+        it): a step in which every running request decodes schedules one token each, and
+        its plan's map is a copy of this one (cheaper than building it)."""
         self._waiting = create_request_queue(config.policy)
         self._seq = itertools.count()
         self._watermark_blocks = int(config.watermark * num_blocks)
@@ -279,8 +278,8 @@ class Scheduler:
         token (``max_output_tokens - _output``), each list in running order."""
         self._finish_keys: list[int] = []
         """A heap over ``_finish_due``'s keys (keys no longer there are dropped lazily)."""
-        self._pending: tuple[SchedulePlan, list[RequestId], int] | None = None
-        """``(plan, decoded ids, their KV tokens)`` of the last
+        self._pending: tuple[SchedulePlan, int, int] | None = None
+        """``(plan, requests decoded, their KV tokens)`` of the last
         :meth:`schedule` when it decoded every running request lazily: its
         :meth:`update_after_step` then counts their tokens on the clock."""
         self.num_preemptions = 0
@@ -385,7 +384,7 @@ class Scheduler:
         if req.status is RequestStatus.RUNNING:
             self._sums_cache = None
             index = self._running.index(req)
-            del self._running[index], self._running_ids[index]
+            del self._running[index], self._running_ids[request_id]
             if req._clock is not None:
                 self._detach(req)
             self._release(req)
@@ -407,7 +406,7 @@ class Scheduler:
             self._schedule_waiting(step)
         plan = self._build_plan(step)
         if step.lazy:
-            self._pending = (plan, step.decoded_ids, step.decode_kv)
+            self._pending = (plan, len(step.decoded), step.decode_kv)
         return plan
 
     def _schedule_decoding(self, step: _StepBuilder) -> bool:
@@ -439,7 +438,6 @@ class Scheduler:
                 for r, block in zip(due, pool.take(len(due)), strict=True):
                     r.block_ids.append(block)
             step.decoded = running[:]
-            step.decoded_ids = self._running_ids[:]
             step.lazy = True
             return True
         bs = self._block_size
@@ -463,7 +461,6 @@ class Scheduler:
         for r in to_cache:
             self._cache_full_blocks(r, r.num_computed_tokens)
         step.decoded = running[:]
-        step.decoded_ids = self._running_ids[:]
         return True
 
     def _schedule_running(self, step: _StepBuilder) -> None:
@@ -482,7 +479,7 @@ class Scheduler:
             while not self._allocate_running(req, num_new):
                 victim_index = self._victim_index()
                 victim = running.pop(victim_index)
-                del self._running_ids[victim_index]
+                del self._running_ids[victim.request_id]
                 if victim in step.scheduled:  # priority policy only: undo its tokens
                     step.budget += step.scheduled.pop(victim)
                 if victim_index < i:
@@ -542,7 +539,7 @@ class Scheduler:
                 break
             waiting.pop()
             self._running.append(req)
-            self._running_ids.append(req.request_id)
+            self._running_ids[req.request_id] = 1
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = num_computed
             if req.num_cached_prompt_tokens < 0:
@@ -580,7 +577,9 @@ class Scheduler:
         """Advance computed tokens and sum the batch for the step-time model."""
         prefill_tokens = pairs = prefill_seqs = 0
         decode_seqs, decode_kv = len(step.decoded), step.decode_kv
-        scheduled: dict[RequestId, int] = dict.fromkeys(step.decoded_ids, 1)
+        # All running decode (the decoding pass): their ids are the running set's, the
+        # admitted ones' after them, all 1 until the loop below sets the admitted ones.
+        scheduled = self._running_ids.copy() if step.decoded else {}
         for req, num_new in step.scheduled.items():  # none of them decodes lazily
             prior = req._computed
             # req.is_decoding, inlined: this loop runs over the whole batch every step
@@ -659,22 +658,19 @@ class Scheduler:
                         max_steps = left
         return self._close_step(tokens, finished, num_decoding, kv_tokens, max_steps)
 
-    def _update_lazily(
-        self, plan: SchedulePlan, decoded_ids: list[RequestId], kv_before: int
-    ) -> StepOutputs:
+    def _update_lazily(self, plan: SchedulePlan, num_decoded: int, kv_before: int) -> StepOutputs:
         """:meth:`update_after_step` for a plan whose running requests decoded lazily
-        (the first ``len(decoded_ids)`` of ``plan.requests``, ``kv_before`` KV tokens
+        (the first ``num_decoded`` of ``plan.requests``, ``kv_before`` KV tokens
         before the step; none aborted since): one tick of the clock gives each its token,
         and those that reach ``max_output_tokens`` are found by their finishing tick. The
         others (admitted this step) as in the general loop."""
         clock = self._clock
         clock.output += 1
-        num_decoded = len(decoded_ids)
         requests = plan.requests
         if len(requests) == num_decoded:  # they are the whole step: 1 token each, as planned
             tokens: Mapping[RequestId, int] = plan.num_scheduled_tokens
-        else:
-            tokens = emitted = dict.fromkeys(decoded_ids, 1)
+        else:  # the plan's map, cloned (cheaper than building it), then the others settled
+            tokens = emitted = dict(plan.num_scheduled_tokens)
         num_decoding = num_decoded
         kv_tokens = kv_before + num_decoded
         finished = self._finish_due.pop(clock.output, None) or []
@@ -686,10 +682,13 @@ class Scheduler:
         for i in range(num_decoded, len(requests)):
             req = requests[i]
             if req.status is not running:
+                del emitted[req.request_id]  # aborted since schedule(): no token
                 continue
             output = req.num_output_tokens
             computed = req.num_computed_tokens
-            if computed == req.num_prompt_tokens + output:
+            if computed != req.num_prompt_tokens + output:
+                del emitted[req.request_id]  # a prefill chunk short of the prompt's end
+            else:
                 req.num_output_tokens = output = output + 1
                 emitted[req.request_id] = 1
                 left = req.max_output_tokens - output
@@ -728,7 +727,7 @@ class Scheduler:
         clock, due, bs = self._clock, self._block_due, self._block_size
         for req in finished:
             index = running.index(req)
-            del running[index], running_ids[index]
+            del running[index], running_ids[req.request_id]
             if req._clock is not None:
                 due[req._computed % bs].remove(req)
                 self._num_lazy -= 1
@@ -1308,8 +1307,9 @@ class Scheduler:
             raise RuntimeError(f"cached decode-run state {cached_run} is stale: now {fresh_run}")
         self._check_lazy()
         cfg = self.config
-        if self._running_ids != [r.request_id for r in self._running]:
-            raise RuntimeError("the running ids are not those of the running set")
+        ids = self._running_ids
+        if list(ids) != [r.request_id for r in self._running] or set(ids.values()) - {1}:
+            raise RuntimeError("the running ids are not those of the running set, 1 each")
         if len(self._running) > cfg.max_num_seqs:
             raise RuntimeError(f"{len(self._running)} running > max_num_seqs {cfg.max_num_seqs}")
         waiting = list(self._waiting.ordered())

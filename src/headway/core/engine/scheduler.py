@@ -177,8 +177,9 @@ class DecodeStepsOutcome:
 class _StepBuilder:
     """Mutable state of one ``schedule()`` call.
 
-    ``decoded`` are running requests that :meth:`Scheduler._schedule_decoding` already
-    gave their one decode token (their computed tokens already advanced, their KV tokens
+    The first ``num_decoded`` running requests are those that
+    :meth:`Scheduler._schedule_decoding` already gave their one decode token (the whole
+    running set before admission; their computed tokens already advanced, their KV tokens
     summed in ``decode_kv``; ``lazy`` when they decode lazily); ``scheduled`` are the
     others, advanced by ``_build_plan``.
     """
@@ -187,15 +188,15 @@ class _StepBuilder:
         "admitted",
         "budget",
         "decode_kv",
-        "decoded",
         "lazy",
+        "num_decoded",
         "preempted",
         "scheduled",
     )
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self.decoded: list[EngineRequest] = []
+        self.num_decoded = 0
         self.decode_kv = 0
         self.lazy = False
         self.scheduled: dict[EngineRequest, int] = {}
@@ -406,7 +407,7 @@ class Scheduler:
             self._schedule_waiting(step)
         plan = self._build_plan(step)
         if step.lazy:
-            self._pending = (plan, len(step.decoded), step.decode_kv)
+            self._pending = (plan, step.num_decoded, step.decode_kv)
         return plan
 
     def _schedule_decoding(self, step: _StepBuilder) -> bool:
@@ -437,7 +438,7 @@ class Scheduler:
             if due:
                 for r, block in zip(due, pool.take(len(due)), strict=True):
                     r.block_ids.append(block)
-            step.decoded = running[:]
+            step.num_decoded = len(running)
             step.lazy = True
             return True
         bs = self._block_size
@@ -460,7 +461,7 @@ class Scheduler:
                 r.block_ids.append(block)
         for r in to_cache:
             self._cache_full_blocks(r, r.num_computed_tokens)
-        step.decoded = running[:]
+        step.num_decoded = len(running)
         return True
 
     def _schedule_running(self, step: _StepBuilder) -> None:
@@ -576,10 +577,10 @@ class Scheduler:
     def _build_plan(self, step: _StepBuilder) -> SchedulePlan:
         """Advance computed tokens and sum the batch for the step-time model."""
         prefill_tokens = pairs = prefill_seqs = 0
-        decode_seqs, decode_kv = len(step.decoded), step.decode_kv
+        decode_seqs, decode_kv = step.num_decoded, step.decode_kv
         # All running decode (the decoding pass): their ids are the running set's, the
         # admitted ones' after them, all 1 until the loop below sets the admitted ones.
-        scheduled = self._running_ids.copy() if step.decoded else {}
+        scheduled = self._running_ids.copy() if step.num_decoded else {}
         for req, num_new in step.scheduled.items():  # none of them decodes lazily
             prior = req._computed
             # req.is_decoding, inlined: this loop runs over the whole batch every step
@@ -613,7 +614,8 @@ class Scheduler:
                 num_decode_seqs=decode_seqs,
                 decode_kv_tokens=decode_kv,
             ),
-            requests=(*step.decoded, *step.scheduled),
+            # The decoding pass: the running set is the decoded requests, then the admitted.
+            requests=tuple(self._running) if step.num_decoded else tuple(step.scheduled),
         )
 
     def update_after_step(self, plan: SchedulePlan) -> StepOutputs:

@@ -60,6 +60,9 @@ class ClientBehaviour(GatewayOffers):
                 budget_window_s=retries.budget_window_s,
             )
         )
+        self._count_requests = retries.max_attempts > 1 and retries.budget_ratio is not None
+        """Count original requests for the retry budget: only read when there may be
+        retries and a budget (with one attempt, a failure gives up before the budget)."""
         self._retry_rng = np.random.default_rng([workload.seed, _RETRY_STREAM])
         self._attempt_timeout_s = retries.timeout_s
         classes = [spec.classes[c] for c in workload.class_names]
@@ -143,7 +146,8 @@ class ClientBehaviour(GatewayOffers):
         self._arrival_s[j] = now
         self._outcome[j] = IN_FLIGHT
         self._live_calls += 1
-        self._retry_policy.record_request(now)
+        if self._count_requests:
+            self._retry_policy.record_request(now)
         if self._patience_s is not None:
             self.events.push(now + self._patience_s[j], DISPATCH, EV_PATIENCE, j)
         if j in self._dup_row:

@@ -111,7 +111,7 @@ class FleetChanges(DisaggregatedHandoff):
             driver.outstanding_requests -= 1
             self._outstanding[driver.index] -= 1
             driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]
-            if j >= self.w.num_calls:  # a client's duplicate: its call is still waiting
+            if j >= self._num_calls:  # a client's duplicate: its call is still waiting
                 self._outcome[j] = FAILED
                 continue
             if self.gateway is not None:

@@ -71,6 +71,9 @@ class SimState:
     _attempts: list[int]
     _kv_transfer_s: list[float]
 
+    _num_calls: int
+    """Calls of the workload; rows from ``_num_calls`` on are clients' duplicates."""
+
     # Per task.
     task_finish_s: FloatArray
     _task_end_s: list[float]

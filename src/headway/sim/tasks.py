@@ -27,6 +27,8 @@ class TaskFlow(ClientBehaviour):
     def _init_tasks(self, workload: CompiledWorkload) -> None:
         """Per-task progress, the per-call inputs, and the tool calls' downstream services."""
         self.task_finish_s = np.full(workload.num_tasks, np.nan)
+        self._num_calls = workload.num_calls
+        """Calls of the workload; rows from here on are clients' duplicates."""
         self._task_end_s = [math.nan] * workload.num_tasks
         self._live_tasks = 0
         self._live_calls = 0
@@ -92,8 +94,8 @@ class TaskFlow(ClientBehaviour):
             self._left_replicas(r)
             self._pump(now)
         j = r
-        if r >= self.w.num_calls:
-            j = self._dup_of[r - self.w.num_calls]
+        if r >= self._num_calls:
+            j = self._dup_of[r - self._num_calls]
             self._outcome[r] = COMPLETED
             if self._outcome[j] == IN_FLIGHT:
                 self._answered_by[j] = r

@@ -109,7 +109,8 @@ def _fake_build(root: Path, source: str, recorded: str) -> None:
 
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the process's status and import finders as they were."""
+    """Keep the process's status and import finders as they were; no forced sources."""
+    monkeypatch.delenv("HEADWAY_PURE_PYTHON", raising=False)
     monkeypatch.setattr(native, "_status", native.status())
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
 

@@ -8,7 +8,6 @@ log-binned histogram in batches of weighted values.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import cast
 
 import numpy as np
@@ -146,9 +145,14 @@ class Recording(SimState):
             self._num_preemptions[j] += 1
         last = self._last_token_s
         itl_max = self._itl_max_s
+        # The same float object stored for every token (compiled, each store of a float
+        # would allocate one): the lists are read as floats and written through these.
+        last_out, itl_max_out = cast("list[object]", last), cast("list[object]", itl_max)
+        end_obj: object = end
         values, weights = self._itl_values, self._itl_weights
         group_t, gap, count = math.nan, 0.0, 0
-        for j in cast("Mapping[int, int]", result.tokens):
+        gap_obj: object = gap
+        for j in cast("dict[int, int]", result.tokens):
             previous = last[j]
             if previous != previous:  # NaN: the first token
                 self._first_token_s[j] = end
@@ -158,10 +162,11 @@ class Recording(SimState):
                         values.append(gap)
                         weights.append(float(count))
                     group_t, gap, count = previous, end - previous, 0
+                    gap_obj = gap
                 count += 1
                 if gap > itl_max[j]:
-                    itl_max[j] = gap
-            last[j] = end
+                    itl_max_out[j] = gap_obj
+            last_out[j] = end_obj
         if count:
             values.append(gap)
             weights.append(float(count))
@@ -186,8 +191,11 @@ class Recording(SimState):
         inner_max = base + per_kv * (kv + (m - 1) * r) if m > 1 else 0.0
         last = self._last_token_s
         itl_max = self._itl_max_s
+        last_out, itl_max_out = cast("list[object]", last), cast("list[object]", itl_max)
+        last_end_obj: object = last_end  # one float object for all (see _record_step)
         values, weights = self._itl_values, self._itl_weights
         group_t, gap, peak, count = math.nan, 0.0, 0.0, 0
+        peak_obj: object = peak
         for j in cast("tuple[int, ...]", run.request_ids):
             previous = last[j]
             if previous != group_t:
@@ -196,10 +204,11 @@ class Recording(SimState):
                     weights.append(float(count))
                 group_t, gap, count = previous, first_end - previous, 0
                 peak = gap if gap > inner_max else inner_max
+                peak_obj = peak
             count += 1
             if peak > itl_max[j]:
-                itl_max[j] = peak
-            last[j] = last_end
+                itl_max_out[j] = peak_obj
+            last_out[j] = last_end_obj
         if count:
             values.append(gap)
             weights.append(float(count))

@@ -422,7 +422,6 @@ class BlockPool:
             self._num_free += len(block_ids)
             return
         released: list[int] = []
-        append = released.append
         try:
             for b in block_ids:
                 count = ref[b]
@@ -430,7 +429,7 @@ class BlockPool:
                     raise ValueError(f"block {b} freed while free (ref count {count})")
                 ref[b] = count - 1
                 if count == 1:
-                    append(b)
+                    released.append(b)
         finally:
             self._queue += released
             self._num_free += len(released)

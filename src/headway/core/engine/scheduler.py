@@ -249,6 +249,14 @@ class Scheduler:
         self._watermark_blocks = int(config.watermark * num_blocks)
         self._block_size = config.block_size
         self._caching = config.enable_prefix_caching
+        # The settings the steps read, as plain attributes (compiled, reading a field of
+        # the config struct is a dictionary lookup; these are native).
+        self._max_tokens = config.max_num_batched_tokens
+        self._max_seqs = config.max_num_seqs
+        self._chunked = config.enable_chunked_prefill
+        self._long_prefill = config.long_prefill_token_threshold
+        self._reserve_full = config.reserve_full_isl
+        self._fcfs = config.policy == "fcfs"
         self._run_cache: tuple[int, int] | None = None
         """``(decode_run_limit(), KV tokens of the running set)`` while the state they
         were computed from lasts: every method that changes requests, queues or blocks
@@ -344,7 +352,7 @@ class Scheduler:
             raise ValueError(f"request {rid!r} is already in this replica; use unique ids")
         if req._seq >= 0 or req.status is not RequestStatus.WAITING:
             raise ValueError(f"request {rid!r} was already added to a replica; make a new one")
-        bs = self.config.block_size
+        bs = self._block_size
         if len(req.block_hashes) > req.num_prompt_tokens // bs:
             raise ValueError(
                 f"request {rid!r} carries {len(req.block_hashes)} block hashes but its "
@@ -359,12 +367,10 @@ class Scheduler:
                 f"{max_slots} tokens but the replica has {self.pool.num_blocks}; shorten "
                 "it or give the replica more KV memory (vLLM rejects it by max_model_len)"
             )
-        if not self.config.enable_chunked_prefill and max_slots > (
-            self.config.max_num_batched_tokens
-        ):
+        if not self._chunked and max_slots > (self._max_tokens):
             raise ValueError(
                 f"request {rid!r} may need to recompute {max_slots} tokens in one step but "
-                f"max_num_batched_tokens is {self.config.max_num_batched_tokens} and chunked "
+                f"max_num_batched_tokens is {self._max_tokens} and chunked "
                 "prefill is off; enable chunked prefill or raise the budget"
             )
         req.arrival_s = arrival_s
@@ -399,7 +405,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulePlan:
         """Decide the next step and apply its bookkeeping (see the module docstring)."""
-        step = _StepBuilder(self.config.max_num_batched_tokens)
+        step = _StepBuilder(self._max_tokens)
         self._pending = None
         if not (self.decoding_pass and self._schedule_decoding(step)):
             self._schedule_running(step)
@@ -468,7 +474,7 @@ class Scheduler:
         """Give each running request its next tokens; preempt when blocks run out."""
         self._detach_all()
         running = self._running
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self._long_prefill
         i = 0
         while i < len(running) and step.budget > 0:
             req = running[i]  # not lazy (detached above): its counters, read directly
@@ -500,7 +506,7 @@ class Scheduler:
         ``(priority, arrival_s, seq)``, i.e. the least important, newest request.
         """
         running = self._running
-        if self.config.policy == "fcfs":
+        if self._fcfs:
             return len(running) - 1
         keys = [(r.priority, r.arrival_s, r._seq) for r in running]
         return keys.index(max(keys))
@@ -519,11 +525,11 @@ class Scheduler:
         """Admit waiting requests, in queue order, while their blocks fit."""
         if not self._waiting:
             return
-        cfg = self.config
-        bs = cfg.block_size
+        bs = self._block_size
+        max_seqs = self._max_seqs
         waiting = self._waiting
         skipped: list[EngineRequest] = []
-        while step.budget > 0 and len(self._running) < cfg.max_num_seqs:
+        while step.budget > 0 and len(self._running) < max_seqs:
             req = waiting.peek()
             if req is None:
                 break
@@ -567,10 +573,10 @@ class Scheduler:
     def _first_chunk(self, req: EngineRequest, num_computed: int, budget: int) -> int:
         """Tokens a waiting request would compute if admitted now; 0 if it must be skipped."""
         num_new = req.num_tokens - num_computed
-        threshold = self.config.long_prefill_token_threshold
+        threshold = self._long_prefill
         if 0 < threshold < num_new:
             num_new = threshold
-        if not self.config.enable_chunked_prefill and num_new > budget:
+        if not self._chunked and num_new > budget:
             return 0
         return min(num_new, budget)
 
@@ -598,10 +604,10 @@ class Scheduler:
             req._computed = prior + num_new
             scheduled[req.request_id] = num_new
         total = prefill_tokens + decode_seqs
-        if total > self.config.max_num_batched_tokens or step.budget < 0:
+        if total > self._max_tokens or step.budget < 0:
             raise RuntimeError(
                 f"scheduled {total} tokens with a budget of "
-                f"{self.config.max_num_batched_tokens} (left {step.budget}): a scheduler bug"
+                f"{self._max_tokens} (left {step.budget}): a scheduler bug"
             )
         return SchedulePlan(
             num_scheduled_tokens=scheduled,
@@ -736,9 +742,9 @@ class Scheduler:
                 req._computed += clock.computed
                 req._output += clock.output
                 req._clock = None  # its cached-block count is reset by the release
-        free, requests, status = self.pool.free, self._requests, RequestStatus.FINISHED
+        pool, requests, status = self.pool, self._requests, RequestStatus.FINISHED
         for req in finished:
-            free(req.block_ids[::-1], distinct=True)  # _release, inlined
+            pool.free(req.block_ids[::-1], distinct=True)  # _release, inlined
             req.block_ids = []
             req._cached = 0
             req.status = status
@@ -752,7 +758,7 @@ class Scheduler:
         (the last token is always recomputed to get its logits, as in vLLM)."""
         if not self._caching or not req.block_hashes:
             return []
-        max_blocks = (req.num_tokens - 1) // self.config.block_size
+        max_blocks = (req.num_tokens - 1) // self._block_size
         return self.pool.find_cached_prefix(req.block_hashes, max_blocks)
 
     def _blocks_to_allocate(self, req: EngineRequest, num_slots: int, hits: list[int]) -> int:
@@ -764,7 +770,7 @@ class Scheduler:
             |<------------- cdiv(num_slots, block_size) ------>|
         """
         pool = self.pool
-        num_new = _cdiv(num_slots, self.config.block_size) - len(req.block_ids) - len(hits)
+        num_new = _cdiv(num_slots, self._block_size) - len(req.block_ids) - len(hits)
         evictable = sum(1 for b in hits if pool.ref_count(b) == 0) if hits else 0
         return max(num_new, 0) + evictable
 
@@ -781,10 +787,10 @@ class Scheduler:
         """Free blocks required before ``req`` may get slots for ``num_new`` more tokens
         (``num_computed``: tokens it counts as computed at admission, default its hits)."""
         if num_computed < 0:
-            num_computed = len(hits) * self.config.block_size
+            num_computed = len(hits) * self._block_size
         num_slots = req.num_computed_tokens + num_computed + num_new
         required = self._blocks_to_allocate(req, num_slots, hits) + watermark
-        if full and self.config.reserve_full_isl:
+        if full and self._reserve_full:
             full_required = self._blocks_to_allocate(req, req.num_tokens, hits) + watermark
             required = max(required, full_required)
         return required
@@ -813,7 +819,7 @@ class Scheduler:
         if not hits and not watermark and not from_waiting:
             return self._allocate_running(req, num_new)
         pool = self.pool
-        if not hits and not (from_waiting and self.config.reserve_full_isl):
+        if not hits and not (from_waiting and self._reserve_full):
             # The same as below without hits: new blocks for the slots, plus the watermark.
             num_slots = req.num_computed_tokens + max(num_computed, 0) + num_new
             num_missing = -(-num_slots // self._block_size) - len(req.block_ids)
@@ -824,7 +830,7 @@ class Scheduler:
             self._cache_full_blocks(req, min(num_slots, req.num_tokens))
             return True
         hits = hits or []
-        bs = self.config.block_size
+        bs = self._block_size
         if num_computed < 0:
             num_computed = len(hits) * bs
         required = self._admission_blocks(
@@ -866,9 +872,9 @@ class Scheduler:
 
     def _cache_full_blocks(self, req: EngineRequest, num_tokens: int) -> None:
         """Register the request's blocks that ``num_tokens`` known tokens fill."""
-        if not self.config.enable_prefix_caching:
+        if not self._caching:
             return
-        num_full = num_tokens // self.config.block_size
+        num_full = num_tokens // self._block_size
         start = req._num_cached_blocks
         if num_full <= start:
             return
@@ -884,7 +890,7 @@ class Scheduler:
         are registered here, just before a preemption frees them, instead of one by one
         on the hot path. The pool ends in the same state either way.
         """
-        if not self.config.enable_prefix_caching:
+        if not self._caching:
             return
         hashes = req.block_hashes
         for i in range(req._num_eager_hashes, req._num_cached_blocks):
@@ -970,7 +976,7 @@ class Scheduler:
 
     def _checked_sums(self, max_steps: int, kv_tokens: int) -> tuple[int, int]:
         """:meth:`_decoding_sums` for a running set known to be all decoding."""
-        if not 0 < len(self._running) <= self.config.max_num_batched_tokens:
+        if not 0 < len(self._running) <= self._max_tokens:
             return (0, -1)
         return (max_steps, kv_tokens)
 
@@ -981,7 +987,7 @@ class Scheduler:
         if self._sums_cache is not None:
             return self._sums_cache
         running = self._running
-        if not 0 < len(running) <= self.config.max_num_batched_tokens:
+        if not 0 < len(running) <= self._max_tokens:
             return (0, -1)
         max_steps = running[0].max_output_tokens - running[0].num_output_tokens
         kv_tokens = 0
@@ -1005,13 +1011,10 @@ class Scheduler:
         """
         if not self._waiting:
             return steps
-        cfg = self.config
-        budget_left = cfg.max_num_batched_tokens - len(self._running)
-        if len(self._running) >= cfg.max_num_seqs or budget_left <= 0:
+        budget_left = self._max_tokens - len(self._running)
+        if len(self._running) >= self._max_seqs or budget_left <= 0:
             return steps
-        candidates = (
-            self._waiting.ordered() if not cfg.enable_chunked_prefill else [self._waiting.peek()]
-        )
+        candidates = self._waiting.ordered() if not self._chunked else [self._waiting.peek()]
         for req in candidates:
             if req is None:
                 return steps
@@ -1367,7 +1370,7 @@ class Scheduler:
             raise RuntimeError("a finishing tick is missing from the heap")
 
     def _check_running(self, r: EngineRequest) -> None:
-        bs = self.config.block_size
+        bs = self._block_size
         if r.status is not RequestStatus.RUNNING:
             raise RuntimeError(f"{r!r} is in the running set")
         if not 0 < r.num_computed_tokens <= r.num_tokens:

@@ -7,7 +7,6 @@ Events are ``(time, priority, seq, kind, a, b)`` entries of the
 EV_TASK_ARRIVAL = 0  # a: task
 EV_STEP_DISPATCH = 1  # a: task, b: step
 EV_BOUNDARY = 2  # a: replica, b: version
-EV_SAMPLE = 3
 EV_GATEWAY_EXPIRY = 4  # a queued call's deadline: the gateway expires what is past it
 EV_RETRY = 5  # a: call; its client offers it again after a shed
 EV_PATIENCE = 6  # a: call; its client's patience runs out (cancel if no token yet)

@@ -6,7 +6,8 @@ Events at the same time run in priority order, then in the order they were sched
 * ``DISPATCH`` (0): a task arrives or a task's next step sends its calls. Arrivals at a
   time are seen by an engine step that starts at the same time.
 * ``BOUNDARY`` (1): a replica's step (or run of decode steps) ends and the next starts.
-* ``SAMPLE`` (2): the timeline sampler reads the cluster; it changes nothing.
+* ``SAMPLE`` (2): the timeline sampler reads the cluster; it changes nothing (the
+  simulator merges its samples in at this rank instead of queueing them).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ have left it (``tests/unit/sim/test_skipping.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -50,14 +51,13 @@ from headway.sim.events import (
     EV_PATIENCE,
     EV_REPLICA_READY,
     EV_RETRY,
-    EV_SAMPLE,
     EV_STEP_DISPATCH,
     EV_TOOL_CALL,
     EV_TOOL_FAILED,
 )
 from headway.sim.faults import Fault
 from headway.sim.gateway import SimGateway
-from headway.sim.kernel import DISPATCH, SAMPLE, EventQueue
+from headway.sim.kernel import DISPATCH, EventQueue
 from headway.sim.options import SimOptions
 from headway.sim.outcome import (
     OUTCOMES,
@@ -144,9 +144,12 @@ class Simulator(TaskFlow):
         events = self.events
         horizon = max(w.duration_s, arrivals[-1] if arrivals else 0.0)
         samples = self.options.sample_points
-        sample_times = np.linspace(0.0, horizon, samples) if samples > 0 else np.empty(0)
-        for t in sample_times.tolist():
-            events.push(t, SAMPLE, EV_SAMPLE)
+        # Timeline samples rank after anything else at their time (SAMPLE); the loop merges
+        # them in, like the arrivals, which keeps the queue small.
+        sample_at = np.linspace(0.0, horizon, samples).tolist() if samples > 0 else []
+        num_samples = len(sample_at)
+        next_sample = 0
+        sample_s = sample_at[0] if num_samples else math.inf
         self._schedule_fleet_changes()
         self._horizon_s = horizon
         self._timeline = []
@@ -158,31 +161,39 @@ class Simulator(TaskFlow):
         heap = events._heap  # the loop peeks at the top without a method call
         handlers = self._event_handlers()
         while True:
+            # Next: the arrival, the top event or the sample, in (time, rank) order.
             if next_task < num_tasks:
-                arrival_s = arrivals[next_task]  # before the top event, or at its time
-                if heap:  # and ranked before it
+                arrival_s = arrivals[next_task]
+                if heap:
                     top = heap[0]
                     arrives = arrival_s < top[0] or (arrival_s == top[0] and top[1] > DISPATCH)
                 else:
                     arrives = True
+                if arrives and arrival_s <= sample_s:
+                    now = arrival_s
+                    self._dispatch_step(next_task, 0, now)
+                    next_task += 1
+                    num_events += 1
+                    continue
             else:
                 arrives = False
-            if arrives:
-                now = arrival_s
-                self._dispatch_step(next_task, 0, now)
-                next_task += 1
+            if not arrives and heap and heap[0][0] <= sample_s:
+                now, _, _, kind, a, b = events.pop()
                 num_events += 1
+                if kind == EV_BOUNDARY:
+                    driver = self.drivers[a]
+                    if b == driver.version:
+                        self._boundary(driver, now)
+                else:
+                    handlers[kind](a, b, now)
                 continue
-            if not heap:
-                break
-            now, _, _, kind, a, b = events.pop()
+            if next_sample == num_samples:
+                break  # no arrival, no event and no sample left
+            now = sample_s
+            self._sample(now)
             num_events += 1
-            if kind == EV_BOUNDARY:
-                driver = self.drivers[a]
-                if b == driver.version:
-                    self._boundary(driver, now)
-            else:
-                handlers[kind](a, b, now)
+            next_sample += 1
+            sample_s = sample_at[next_sample] if next_sample < num_samples else math.inf
         self._flush_itl()
         self._settle_output_tokens()
         return self._sim_outcome(now, num_events)
@@ -192,7 +203,6 @@ class Simulator(TaskFlow):
         hottest, is handled in :meth:`run` itself; tasks arrive without events)."""
         handlers: list[Callable[[int, int, float], None]] = [_ignore] * (EV_KV_ARRIVED + 1)
         handlers[EV_STEP_DISPATCH] = self._dispatch_step
-        handlers[EV_SAMPLE] = lambda a, b, now: self._sample(now)
         handlers[EV_GATEWAY_EXPIRY] = lambda a, b, now: self._pump(now)
         handlers[EV_RETRY] = lambda a, b, now: self._retry(a, now)
         handlers[EV_PATIENCE] = lambda a, b, now: self._patience_over(a, now)

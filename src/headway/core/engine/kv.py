@@ -33,7 +33,6 @@ request may bring the hashes of its prompt blocks (Mooncake traces carry per-512
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from operator import itemgetter
 
 __all__ = [
     "BlockPool",
@@ -410,17 +409,16 @@ class BlockPool:
             ValueError: if a block is already free (a double free).
         """
         ref = self._ref_count
-        if (
-            distinct
-            and isinstance(block_ids, list)
-            and len(block_ids) > 1
-            and itemgetter(*block_ids)(ref).count(1) == len(block_ids)
-        ):
+        if distinct and isinstance(block_ids, list) and len(block_ids) > 1:
             for b in block_ids:
-                ref[b] = 0
-            self._queue += block_ids
-            self._num_free += len(block_ids)
-            return
+                if ref[b] != 1:
+                    break
+            else:
+                for b in block_ids:
+                    ref[b] = 0
+                self._queue += block_ids
+                self._num_free += len(block_ids)
+                return
         released: list[int] = []
         try:
             for b in block_ids:

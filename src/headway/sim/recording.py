@@ -2,7 +2,7 @@
 
 Records are Python lists while the run goes (cheaper to touch than numpy elements) and
 become :class:`~headway.sim.outcome.CallRecords` arrays at the end. Token gaps go into a
-log-binned histogram in batches of weighted values.
+log-binned histogram as they come, each with its weight (the tokens that had it).
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ from headway.sim.state import SimState
 
 # ITL histogram: log-spaced bins from 10 µs to 1,000 s, 0.25% wide.
 _ITL_EDGES = np.geomspace(1e-5, 1e3, 7373)
+_ITL_EDGE_LIST: list[float] = _ITL_EDGES.tolist()
+_ITL_LOW_S: float = _ITL_EDGE_LIST[0]
+_ITL_HIGH_S: float = _ITL_EDGE_LIST[-1]
+_ITL_BINS: int = len(_ITL_EDGE_LIST) - 1
+_ITL_PER_LOG: float = _ITL_BINS / math.log(_ITL_HIGH_S / _ITL_LOW_S)
 
 
 class Recording(SimState):
@@ -41,9 +46,7 @@ class Recording(SimState):
         self._shed_reason = [-1] * n
         self._retry_after_s = [nan] * n
         self._attempts = [0] * n
-        self._itl_hist = np.zeros(_ITL_EDGES.size - 1, dtype=np.int64)
-        self._itl_values: list[float] = []
-        self._itl_weights: list[float] = []
+        self._itl_counts = [0] * _ITL_BINS
         self._num_steps = 0
         self._num_skipped = 0
 
@@ -58,7 +61,7 @@ class Recording(SimState):
             timeline_running=timeline[:, 1].astype(np.int64),
             timeline_waiting=timeline[:, 2].astype(np.int64),
             timeline_kv_usage=timeline[:, 3].astype(np.float64),
-            itl_histogram=self._itl_hist,
+            itl_histogram=np.array(self._itl_counts, dtype=np.int64),
             itl_edges_s=_ITL_EDGES,
             num_steps=self._num_steps,
             num_skipped_steps=self._num_skipped,
@@ -149,7 +152,6 @@ class Recording(SimState):
         # would allocate one): the lists are read as floats and written through these.
         last_out, itl_max_out = cast("list[object]", last), cast("list[object]", itl_max)
         end_obj: object = end
-        values, weights = self._itl_values, self._itl_weights
         group_t, gap, count = math.nan, 0.0, 0
         gap_obj: object = gap
         for j in cast("dict[int, int]", result.tokens):
@@ -159,8 +161,7 @@ class Recording(SimState):
             else:
                 if previous != group_t:
                     if count:
-                        values.append(gap)
-                        weights.append(float(count))
+                        self._count_itl(gap, count)
                     group_t, gap, count = previous, end - previous, 0
                     gap_obj = gap
                 count += 1
@@ -168,10 +169,7 @@ class Recording(SimState):
                     itl_max_out[j] = gap_obj
             last_out[j] = end_obj
         if count:
-            values.append(gap)
-            weights.append(float(count))
-        if len(values) > 262144:
-            self._flush_itl()
+            self._count_itl(gap, count)
 
     def _record_run(self, run: DecodeRun) -> None:
         """Record ``run.num_steps`` tokens per request of a decode run.
@@ -193,15 +191,13 @@ class Recording(SimState):
         itl_max = self._itl_max_s
         last_out, itl_max_out = cast("list[object]", last), cast("list[object]", itl_max)
         last_end_obj: object = last_end  # one float object for all (see _record_step)
-        values, weights = self._itl_values, self._itl_weights
         group_t, gap, peak, count = math.nan, 0.0, 0.0, 0
         peak_obj: object = peak
         for j in cast("tuple[int, ...]", run.request_ids):
             previous = last[j]
             if previous != group_t:
                 if count:
-                    values.append(gap)
-                    weights.append(float(count))
+                    self._count_itl(gap, count)
                 group_t, gap, count = previous, first_end - previous, 0
                 peak = gap if gap > inner_max else inner_max
                 peak_obj = peak
@@ -210,8 +206,7 @@ class Recording(SimState):
                 itl_max_out[j] = peak_obj
             last_out[j] = last_end_obj
         if count:
-            values.append(gap)
-            weights.append(float(count))
+            self._count_itl(gap, count)
         if m > 1:
             # Gaps d_k for k = 2..m; chunk c covers k in [lo, hi).
             chunks = min(m - 1, 4)
@@ -219,11 +214,8 @@ class Recording(SimState):
             for c in range(1, chunks + 1):
                 hi = 2 + (m - 1) * c // chunks
                 mid_k = (lo + hi - 1) / 2
-                values.append(base + per_kv * (kv + (mid_k - 1) * r))
-                weights.append(float((hi - lo) * r))
+                self._count_itl(base + per_kv * (kv + (mid_k - 1) * r), (hi - lo) * r)
                 lo = hi
-        if len(values) > 262144:
-            self._flush_itl()
 
     def _settle_output_tokens(self) -> None:
         """Fill in the output tokens of calls still live in a replica (none, normally).
@@ -238,14 +230,20 @@ class Recording(SimState):
                 r = cast("int", req.request_id)
                 self._num_output_tokens[r] = req.num_output_tokens + (r in self._on_decode)
 
-    def _flush_itl(self) -> None:
-        if self._itl_values:
-            counts, _ = np.histogram(
-                np.asarray(self._itl_values), _ITL_EDGES, weights=np.asarray(self._itl_weights)
-            )
-            self._itl_hist += np.rint(counts).astype(np.int64)
-            self._itl_values.clear()
-            self._itl_weights.clear()
+    def _count_itl(self, gap_s: float, tokens: int) -> None:
+        """Add ``tokens`` tokens with gap ``gap_s`` to the ITL histogram, in the bin that
+        ``np.histogram`` would choose (``edges[i] <= gap < edges[i + 1]``, the last bin
+        closed; outside the edges, or NaN: not counted): the log gives the bin to within
+        one, the edges themselves decide."""
+        if not _ITL_LOW_S <= gap_s <= _ITL_HIGH_S:
+            return
+        edges = _ITL_EDGE_LIST
+        i = min(int(math.log(gap_s / _ITL_LOW_S) * _ITL_PER_LOG), _ITL_BINS - 1)
+        while i > 0 and gap_s < edges[i]:
+            i -= 1
+        while i < _ITL_BINS - 1 and gap_s >= edges[i + 1]:
+            i += 1
+        self._itl_counts[i] += tokens
 
     def _sample(self, now: float) -> None:
         running = waiting = blocks = 0

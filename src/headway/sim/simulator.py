@@ -194,7 +194,6 @@ class Simulator(TaskFlow):
             num_events += 1
             next_sample += 1
             sample_s = sample_at[next_sample] if next_sample < num_samples else math.inf
-        self._flush_itl()
         self._settle_output_tokens()
         return self._sim_outcome(now, num_events)
 

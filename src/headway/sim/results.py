@@ -303,15 +303,23 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
     last = float(np.nanmax(c.finish_s)) if n and np.isfinite(c.finish_s).any() else first
     window = max(last - first, 1e-9)
 
+    summaries: dict[bytes, Group] = {}
+
     def group(name: str, mask: npt.NDArray[np.bool_]) -> Group:
-        calls = int(mask.sum())
-        return Group(
-            name=name,
-            calls=calls,
-            completed=int((mask & completed).sum()),
-            slo_attainment=float((mask & met).sum()) / calls if calls else None,
-            latencies=_latencies(mask & completed, ttft, tpot, e2e, queue),
-        )
+        # Groups often select the same calls (one class, one tenant, every call): each
+        # selection is summarised once.
+        key = mask.tobytes()
+        known = summaries.get(key)
+        if known is None:
+            calls = int(mask.sum())
+            known = summaries[key] = Group(
+                name=name,
+                calls=calls,
+                completed=int((mask & completed).sum()),
+                slo_attainment=float((mask & met).sum()) / calls if calls else None,
+                latencies=_latencies(mask & completed, ttft, tpot, e2e, queue),
+            )
+        return known if known.name == name else msgspec.structs.replace(known, name=name)
 
     call_class = w.task_class[w.call_task]
     call_tenant = w.task_tenant[w.call_task]

@@ -21,7 +21,8 @@ headway: give the path of a checkout (commit 7d47513) with ``--vidur``. The scri
    both and the ratios, and ends with one line of JSON (``speedup_vs_vidur`` is the
    smallest speed ratio over the workloads).
 
-Usage: ``python benchmarks/vs_vidur.py --vidur /path/to/vidur [--requests 10000]``.
+Usage: ``python benchmarks/vs_vidur.py --vidur /path/to/vidur [--requests 10000] [--repeat 3]``
+(each simulator runs ``--repeat`` times per workload; the run of median wall time counts).
 """
 
 from __future__ import annotations
@@ -140,6 +141,11 @@ def run_vidur(python: Path, vidur: Path, trace: Path, replicas: int) -> dict[str
     return {"wall_s": info["run_s"], "requests": len(rows), **_percentiles(ttft, tpot, e2e)}
 
 
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run of median wall time (the simulations are deterministic: only time varies)."""
+    return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+
+
 def _percentiles(ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
@@ -212,7 +218,16 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--work", type=Path, default=Path("/tmp/headway-vs-vidur"))
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of each simulator per workload; the run of median wall time counts "
+        "(both simulators alike: a shared machine's noise is large at these times)",
+    )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1 (got {args.repeat})")
     vidur = args.vidur.resolve()
     python = prepare_vidur(vidur)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -239,8 +254,12 @@ def main() -> int:
     for name, w in WORKLOADS.items():
         replicas = int(w["replicas"])
         results[name] = {
-            "vidur": run_vidur(python, vidur, traces[name], replicas),
-            "headway": run_headway(traces[name], replicas, str(w["router"])),
+            "vidur": _median_run(
+                [run_vidur(python, vidur, traces[name], replicas) for _ in range(args.repeat)]
+            ),
+            "headway": _median_run(
+                [run_headway(traces[name], replicas, str(w["router"])) for _ in range(args.repeat)]
+            ),
         }
     figures: dict[str, float | str | bool] = {}
     header = f"{'':<5}{'sim':<9}{'wall s':>8}{'req/s':>9}"

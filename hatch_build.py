@@ -3,7 +3,7 @@
 The modules named by ``compile`` under ``[tool.hatch.build.hooks.custom]`` in
 ``pyproject.toml`` (the engine model, the event loop and what it calls per event) are
 ordinary typed Python; mypyc turns them into C extensions, which run the simulator about
-2.5-3x faster. Nothing else changes: the sources ship beside the extensions, and
+4-5x faster. Nothing else changes: the sources ship beside the extensions, and
 ``headway.native`` falls back to them when an extension is missing or older than its
 source (see that module).
 
@@ -61,7 +61,7 @@ class CompileHook(BuildHookInterface):
             self.app.display_warning(
                 f"headway: compiling {len(modules)} modules with mypyc failed "
                 f"({type(exc).__name__}: {exc}); installing pure Python, which runs the "
-                "simulator about 3x slower. Install a C compiler and the Python headers "
+                "simulator about 4-5x slower. Install a C compiler and the Python headers "
                 "and reinstall, or set HEADWAY_COMPILE=0 to skip this attempt."
             )
             if editable:

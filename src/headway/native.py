@@ -72,14 +72,19 @@ def install(root: Path = _ROOT) -> NativeStatus:
     global _status
     manifest = root / "headway" / MANIFEST_NAME
     try:
-        recorded: dict[str, str] = json.loads(manifest.read_bytes())["modules"]
+        data = json.loads(manifest.read_bytes())
+        recorded: dict[str, str] = data["modules"]
+        failed = data.get("failed")
     except FileNotFoundError:
         _status = NativeStatus(False, "pure Python: this install compiled nothing", ())
         return _status
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        recorded, broken = {}, f"{manifest} is unreadable ({exc})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        recorded, failed, broken = {}, None, f"{manifest} is unreadable ({exc})"
     else:
         broken = ""
+    if failed is not None:
+        _status = NativeStatus(False, f"pure Python: compiling at install failed ({failed})", ())
+        return _status
     names = tuple(sorted(recorded))
     stale = [name for name, digest in recorded.items() if _digest(root, name) != digest]
     if os.environ.get("HEADWAY_PURE_PYTHON", "").strip() == "1":

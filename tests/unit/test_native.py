@@ -156,3 +156,17 @@ def test_a_broken_manifest_falls_back_to_the_sources(tmp_path: Path) -> None:
     assert "unreadable" in status.reason
     (tmp_path / "headway" / native.MANIFEST_NAME).unlink()
     assert native.install(tmp_path).reason == "pure Python: this install compiled nothing"
+
+
+@pytest.mark.usefixtures("isolated")
+def test_a_failed_compile_says_why(tmp_path: Path) -> None:
+    (tmp_path / "headway").mkdir()
+    failed = {"modules": {}, "failed": "CompileError: command '/bin/false' failed"}
+    (tmp_path / "headway" / native.MANIFEST_NAME).write_text(json.dumps(failed))
+    finders = len(sys.meta_path)
+    status = native.install(tmp_path)
+    assert not status.compiled
+    assert status.reason == (
+        "pure Python: compiling at install failed (CompileError: command '/bin/false' failed)"
+    )
+    assert len(sys.meta_path) == finders  # nothing compiled: nothing to reroute

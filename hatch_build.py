@@ -67,7 +67,7 @@ class CompileHook(BuildHookInterface):
             if editable:
                 _remove_build(src)
                 # Say why for `headway --version` (pip shows the warning only with -v).
-                failed = {"modules": {}, "failed": f"{type(exc).__name__}: {exc}"[:300]}
+                failed = {"modules": {}, "failed": f"{type(exc).__name__}: {exc}"[:160]}
                 (src / MANIFEST).write_text(json.dumps(failed))
             return
         manifest = out / MANIFEST

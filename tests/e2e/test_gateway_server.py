@@ -10,6 +10,8 @@ import http.client
 import json
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import time
 import urllib.parse
@@ -193,6 +195,40 @@ def test_pass_through_equals_direct(fast: str, gateway: str) -> None:
         time.sleep(0.02)
     assert done >= 4
     assert _value(text, "headway_gateway_upstream_ttft_seconds_count") >= 4
+
+
+def _read_to_done_and_reset(url: str, key: str) -> None:
+    """Stream a chat completion through ``url`` over a raw socket, read up to ``[DONE]``
+    and reset the connection at once, before the closing chunk of the stream."""
+    parts = urllib.parse.urlsplit(url)
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+         "stream": True}
+    ).encode()  # fmt: skip
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(head + body)
+        got = b""
+        while b"data: [DONE]" not in got:
+            data = sock.recv(65536)
+            assert data, got
+            got += data
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_a_client_that_leaves_right_after_done_counts_as_completed(fast: str) -> None:
+    """It has the whole answer; only the stream's closing chunk may not have reached it."""
+    with GatewayProcess(_config(fast)) as gw:
+        for _ in range(6):
+            _read_to_done_and_reset(gw.url, KEY)
+        completed = _settled(gw.url, "headway_gateway_completed_total", 'tenant="acme"', 6)
+        text = _metrics(gw.url)
+    assert completed == 6
+    assert _value(text, "headway_gateway_cancellations_total") == 0
 
 
 def test_client_mistakes_are_4xx(gateway: str) -> None:

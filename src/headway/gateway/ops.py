@@ -70,6 +70,9 @@ class RequestRecord:
     retries: int = 0
     cancelled: bool = False
     chunks: int = 0
+    relayed: bool = False
+    """Every byte of a streamed answer went out (only the closing chunk may be missing):
+    a client that leaves now has the whole answer, and the request counts as completed."""
     prompt: bytes | None = None
     """The request body, kept only with ``log_content: true``."""
     completion: list[bytes] | None = None

@@ -664,7 +664,10 @@ class GatewayServer:
             )
             return response
         except asyncio.CancelledError:
-            self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
+            if record.relayed:  # it left with the whole answer, before the closing chunk
+                completed, completion_tokens = True, record.tokens_out
+            else:
+                self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
             raise
         finally:
             unused = lease.cost_tokens if not completed else 0
@@ -807,20 +810,28 @@ class GatewayServer:
                 record.chunks += 1
                 if kept is not None:
                     kept.append(chunk)
-                await out.write(chunk)
                 tail = tail[-2048:] + chunk if len(chunk) < 4096 else chunk[-4096:]
+                if _DONE in tail[-(len(chunk) + len(_DONE)) :]:
+                    # The answer's last event: a client that reads it may leave at once.
+                    record.tokens_out = _stream_usage(tail)
+                    record.relayed = True
+                await out.write(chunk)
+            if not record.relayed:  # an upstream that ends its stream without [DONE]
+                record.tokens_out = _stream_usage(tail)
+                record.relayed = True
             await out.write_eof()
         except ConnectionResetError:  # the client went away between two events
-            self.m_cancelled.inc("in_flight", "stream")
-            record.cancelled = True
-            return out, None, False
+            if not record.relayed:
+                self.m_cancelled.inc("in_flight", "stream")
+                record.cancelled = True
+                return out, None, False
         except (aiohttp.ClientError, OSError) as error:
             # The upstream failed mid-stream: the client has part of an answer, so no
             # retry (it would duplicate it); its connection ends without [DONE].
             log.warning("upstream %s failed mid-stream: %s", upstream.url, error)
             self.m_upstream_errors.inc(upstream.url)
             return out, None, False
-        tokens = _stream_usage(tail)
+        tokens = record.tokens_out
         if tokens is not None and record.first_byte_s is not None:
             self.controller.speeds.observe(time.monotonic() - record.first_byte_s, tokens)
         return out, tokens, True
@@ -1034,6 +1045,10 @@ def _bearer(request: web.Request) -> str | None:
     """The key of ``Authorization: Bearer KEY``, else None."""
     auth = request.headers.get("Authorization", "")
     return auth[7:].strip() if auth[:7].lower() == "bearer " else None
+
+
+_DONE = b"data: [DONE]"
+"""The last event of an OpenAI stream."""
 
 
 def _stream_usage(tail: bytes) -> int | None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from headway.core.engine.replica import ReplicaModel, StepResult
 
 # Replica driver states: nothing to do, one step in flight, a decode run pending.
-IDLE, STEP, RUN = 0, 1, 2
+IDLE: Final = 0
+STEP: Final = 1
+RUN: Final = 2
 
 
 class ReplicaDriver:

@@ -9,6 +9,7 @@ measured prefill speed and TPOT that admission predicts with.
 from __future__ import annotations
 
 import math
+from typing import Final
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from headway.sim.fleet import FleetChanges
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
 
-_SPEED_EWMA_WEIGHT = 0.1
+_SPEED_EWMA_WEIGHT: Final = 0.1
 """Weight of the newest completed call in the gateway's measured prefill speed and TPOT."""
 
 

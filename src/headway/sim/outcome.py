@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -19,7 +20,13 @@ OUTCOMES = ("not_offered", "in_flight", "completed", "shed", "cancelled", "timed
 """Every offered call ends in exactly one of the last five. ``not_offered``: a call of a
 task that had already failed before reaching it (never offered). ``in_flight`` never
 survives a run: a call still live at the end (it could never be served) is ``failed``."""
-NOT_OFFERED, IN_FLIGHT, COMPLETED, SHED, CANCELLED, TIMED_OUT, FAILED = range(7)
+NOT_OFFERED: Final = 0
+IN_FLIGHT: Final = 1
+COMPLETED: Final = 2
+SHED: Final = 3
+CANCELLED: Final = 4
+TIMED_OUT: Final = 5
+FAILED: Final = 6
 
 SHED_REASONS = tuple(r.value for r in ShedReason)
 """The shed reasons, in the order of the codes in ``CallRecords.shed_reason``."""

@@ -8,7 +8,7 @@ log-binned histogram as they come, each with its weight (the tokens that had it)
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Final, cast
 
 import numpy as np
 
@@ -17,12 +17,12 @@ from headway.sim.outcome import FAILED, IN_FLIGHT, NOT_OFFERED, CallRecords, Sim
 from headway.sim.state import SimState
 
 # ITL histogram: log-spaced bins from 10 µs to 1,000 s, 0.25% wide.
-_ITL_EDGES = np.geomspace(1e-5, 1e3, 7373)
-_ITL_EDGE_LIST: list[float] = _ITL_EDGES.tolist()
-_ITL_LOW_S: float = _ITL_EDGE_LIST[0]
-_ITL_HIGH_S: float = _ITL_EDGE_LIST[-1]
-_ITL_BINS: int = len(_ITL_EDGE_LIST) - 1
-_ITL_PER_LOG: float = _ITL_BINS / math.log(_ITL_HIGH_S / _ITL_LOW_S)
+_ITL_EDGES: Final = np.geomspace(1e-5, 1e3, 7373)
+_ITL_EDGE_LIST: Final[list[float]] = _ITL_EDGES.tolist()
+_ITL_LOW_S: Final[float] = _ITL_EDGE_LIST[0]
+_ITL_HIGH_S: Final[float] = _ITL_EDGE_LIST[-1]
+_ITL_BINS: Final[int] = len(_ITL_EDGE_LIST) - 1
+_ITL_PER_LOG: Final[float] = _ITL_BINS / math.log(_ITL_HIGH_S / _ITL_LOW_S)
 
 
 class Recording(SimState):

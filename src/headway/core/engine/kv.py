@@ -33,6 +33,7 @@ request may bring the hashes of its prompt blocks (Mooncake traces carry per-512
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
 
 __all__ = [
     "BlockPool",
@@ -43,10 +44,10 @@ __all__ = [
     "unique_block_hash",
 ]
 
-_MASK64 = (1 << 64) - 1
-_ROOT_HASH = 0x6A09E667F3BCC908
+_MASK64: Final = (1 << 64) - 1
+_ROOT_HASH: Final = 0x6A09E667F3BCC908
 """Parent hash of a request's first block (vLLM's ``NONE_HASH``), a fixed constant."""
-_UNIQUE_TAG = 0xB7E151628AED2A6B
+_UNIQUE_TAG: Final = 0xB7E151628AED2A6B
 """Salt that keeps request-unique block contents apart from caller-supplied content ids."""
 
 

@@ -52,6 +52,7 @@ engine behind splitwise-sim's timings 20-35 % slower (more at higher TP).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from headway.core.engine.catalog import GpuSpec, ModelSpec
 from headway.core.engine.efficiency import (
@@ -84,17 +85,17 @@ __all__ = [
     "parse_efficiency_table",
 ]
 
-ACTIVATION_BYTES = 2
+ACTIVATION_BYTES: Final = 2
 """Bytes per activation element (BF16), also for FP8-weight models."""
 
-DEFAULT_STEP_OVERHEAD_S = 1.0e-3
+DEFAULT_STEP_OVERHEAD_S: Final = 1.0e-3
 """Assumed fixed engine cost per step (scheduling, input preparation, sampling launch).
 
 Not fitted: CUDA-graph engines with overlapped scheduling (vLLM V1, SGLang, TensorRT-LLM)
 spend well under a few milliseconds per step on the host. Replace it with a calibrated
 value (``headway calibrate``) for a particular engine."""
 
-DEFAULT_PER_SEQ_OVERHEAD_S = 2.0e-6
+DEFAULT_PER_SEQ_OVERHEAD_S: Final = 2.0e-6
 """Assumed engine cost per sequence in a step (sampling, output processing); not fitted."""
 
 

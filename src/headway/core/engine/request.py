@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import enum
 import heapq
-import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Final, Protocol, TypeAlias
+from typing import Final, TypeAlias
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -255,7 +254,43 @@ class DecodeClock:
 # ----------------------------------------------------------------------------- queues
 
 
-class FcfsRequestQueue:
+class RequestQueue:
+    """The waiting queue as the scheduler uses it (FCFS or by priority, below).
+
+    A base class rather than a protocol: compiled, a call through it is a native call.
+    """
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def push(self, req: EngineRequest) -> None:
+        """Add a request at its place (FCFS: the back)."""
+        raise NotImplementedError
+
+    def push_front(self, req: EngineRequest) -> None:
+        """Put a preempted or skipped request back (FCFS: the front)."""
+        raise NotImplementedError
+
+    def peek(self) -> EngineRequest | None:
+        """The next request to admit, or ``None``."""
+        raise NotImplementedError
+
+    def pop(self) -> EngineRequest:
+        """Remove and return the next request to admit."""
+        raise NotImplementedError
+
+    def discard(self, req: EngineRequest) -> None:
+        """Remove a queued request (abort), in O(1)."""
+        raise NotImplementedError
+
+    def ordered(self) -> Iterator[EngineRequest]:
+        """Queued requests in admission order."""
+        raise NotImplementedError
+
+
+class FcfsRequestQueue(RequestQueue):
     """Waiting requests in arrival order; preempted ones go back to the front.
 
     Removal (abort) is lazy: an entry is live while its token equals the request's
@@ -266,19 +301,21 @@ class FcfsRequestQueue:
 
     def __init__(self) -> None:
         self._entries: deque[tuple[int, EngineRequest]] = deque()
-        self._tokens = itertools.count(1)
+        self._tokens = 0
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
     def push(self, req: EngineRequest) -> None:
-        req._queue_token = token = next(self._tokens)
+        self._tokens = token = self._tokens + 1
+        req._queue_token = token
         self._entries.append((token, req))
         self._size += 1
 
     def push_front(self, req: EngineRequest) -> None:
-        req._queue_token = token = next(self._tokens)
+        self._tokens = token = self._tokens + 1
+        req._queue_token = token
         self._entries.appendleft((token, req))
         self._size += 1
 
@@ -304,21 +341,22 @@ class FcfsRequestQueue:
         return (req for token, req in self._entries if token == req._queue_token)
 
 
-class PriorityRequestQueue:
+class PriorityRequestQueue(RequestQueue):
     """Waiting requests by ``(priority, arrival_s, seq)``: a heap with lazy removal."""
 
     __slots__ = ("_heap", "_size", "_tokens")
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, int, EngineRequest]] = []
-        self._tokens = itertools.count(1)
+        self._tokens = 0
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
     def push(self, req: EngineRequest) -> None:
-        req._queue_token = token = next(self._tokens)
+        self._tokens = token = self._tokens + 1
+        req._queue_token = token
         heapq.heappush(self._heap, (req.priority, req.arrival_s, req._seq, token, req))
         self._size += 1
 
@@ -347,36 +385,6 @@ class PriorityRequestQueue:
     def ordered(self) -> Iterator[EngineRequest]:
         live = sorted(entry for entry in self._heap if entry[3] == entry[4]._queue_token)
         return (entry[4] for entry in live)
-
-
-class RequestQueue(Protocol):
-    """The waiting queue as the scheduler uses it."""
-
-    def __len__(self) -> int: ...
-
-    def push(self, req: EngineRequest) -> None:
-        """Add a request at its place (FCFS: the back)."""
-        ...
-
-    def push_front(self, req: EngineRequest) -> None:
-        """Put a preempted or skipped request back (FCFS: the front)."""
-        ...
-
-    def peek(self) -> EngineRequest | None:
-        """The next request to admit, or ``None``."""
-        ...
-
-    def pop(self) -> EngineRequest:
-        """Remove and return the next request to admit."""
-        ...
-
-    def discard(self, req: EngineRequest) -> None:
-        """Remove a queued request (abort), in O(1)."""
-        ...
-
-    def ordered(self) -> Iterator[EngineRequest]:
-        """Queued requests in admission order."""
-        ...
 
 
 def create_request_queue(policy: str) -> RequestQueue:

@@ -100,6 +100,9 @@ class SimOutcome:
     num_skipped_steps: int
     num_events: int
     end_s: float
+    loop_wall_s: float
+    """Wall-clock seconds of the event loop (what Vidur's ``Simulator.run`` times): not
+    the set-up, the records' arrays or the summaries."""
     replica_num_blocks: int
     replica_block_size: int = 16
     gateway_preset: str = "fifo-unbounded"

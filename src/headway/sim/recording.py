@@ -50,8 +50,9 @@ class Recording(SimState):
         self._num_steps = 0
         self._num_skipped = 0
 
-    def _sim_outcome(self, now: float, num_events: int) -> SimOutcome:
-        """The run's outcome at its end ``now``, after ``num_events`` events."""
+    def _sim_outcome(self, now: float, num_events: int, loop_wall_s: float) -> SimOutcome:
+        """The run's outcome at its end ``now``, after ``num_events`` events in
+        ``loop_wall_s`` seconds of wall-clock time."""
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
         at = np.array(self._boundary_samples) if self._boundary_samples else np.zeros((0, 3))
         return SimOutcome(
@@ -67,6 +68,7 @@ class Recording(SimState):
             num_skipped_steps=self._num_skipped,
             num_events=num_events,
             end_s=now,
+            loop_wall_s=loop_wall_s,
             replica_num_blocks=self.drivers[0].model.scheduler.pool.num_blocks,
             replica_block_size=self._block_size,
             gateway_preset="fifo-unbounded" if self.gateway is None else "headway-default",

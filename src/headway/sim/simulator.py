@@ -29,6 +29,7 @@ have left it (``tests/unit/sim/test_skipping.py``).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -160,6 +161,7 @@ class Simulator(TaskFlow):
         now = 0.0
         heap = events._heap  # the loop peeks at the top without a method call
         handlers = self._event_handlers()
+        started = time.perf_counter()
         while True:
             # Next: the arrival, the top event or the sample, in (time, rank) order.
             if next_task < num_tasks:
@@ -194,8 +196,9 @@ class Simulator(TaskFlow):
             num_events += 1
             next_sample += 1
             sample_s = sample_at[next_sample] if next_sample < num_samples else math.inf
+        loop_wall_s = time.perf_counter() - started
         self._settle_output_tokens()
-        return self._sim_outcome(now, num_events)
+        return self._sim_outcome(now, num_events, loop_wall_s)
 
     def _event_handlers(self) -> list[Callable[[int, int, float], None]]:
         """Per event kind, its handler, called as ``handler(a, b, now)`` (``EV_BOUNDARY``, the

@@ -47,13 +47,12 @@ import scipy.optimize
 from scipy.special import expit
 
 from headway.core.engine.catalog import ModelSpec
-from headway.core.engine.roofline import (
+from headway.core.engine.efficiency import (
     ElementwiseEfficiency,
     GemmEfficiency,
-    elementwise_bytes_per_layer,
-    gemm_time_s,
     parse_efficiency_table,
 )
+from headway.core.engine.roofline import elementwise_bytes_per_layer, gemm_time_s
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CALIBRATION_DIR = ROOT.parent / "shared" / "traces" / "calibration"

@@ -14,14 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headway.core.engine.catalog import GPUS, MODELS, GpuSpec, ModelSpec, get_gpu, get_model
-from headway.core.engine.roofline import (
-    EfficiencyTable,
-    GemmEfficiency,
-    RooflineStepTime,
-    blend,
-    gemm_time_s,
-    parse_efficiency_table,
-)
+from headway.core.engine.efficiency import EfficiencyTable, GemmEfficiency, parse_efficiency_table
+from headway.core.engine.roofline import RooflineStepTime, blend, gemm_time_s
 from headway.core.engine.steptime import BatchShape, StepTimeModel, prefill_pairs
 from headway.core.errors import ConfigError
 from headway.data import load_efficiency_table

@@ -2,7 +2,7 @@
 
 ``efficiency.json`` holds the roofline efficiency profiles that ``scripts/fit_efficiency.py``
 fitted to public GPU timing measurements; :func:`load_efficiency_table` reads and validates
-it with the pure :func:`headway.core.engine.roofline.parse_efficiency_table`.
+it with the pure :func:`headway.core.engine.efficiency.parse_efficiency_table`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from functools import lru_cache
 from importlib import resources
 
-from headway.core.engine.roofline import EfficiencyTable, parse_efficiency_table
+from headway.core.engine.efficiency import EfficiencyTable, parse_efficiency_table
 
 __all__ = ["EFFICIENCY_FILE", "load_efficiency_table"]
 

@@ -25,8 +25,9 @@ import msgspec
 from headway.calibrate.profile import read_profile
 from headway.core.engine.capacity import kv_capacity_tokens
 from headway.core.engine.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from headway.core.engine.efficiency import EfficiencyTable
 from headway.core.engine.replica import ReplicaModel
-from headway.core.engine.roofline import EfficiencyTable, RooflineStepTime
+from headway.core.engine.roofline import RooflineStepTime
 from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
 from headway.core.errors import ConfigError, config_error

@@ -29,10 +29,12 @@ overhead (a constant plus a cost per sequence: scheduling, sampling, detokenizat
 The efficiencies are not guesses: ``scripts/fit_efficiency.py`` fits them by least squares
 on log time to measured kernels (Vidur's GEMM and element-wise timings per GPU family,
 Vidur's FlashAttention sample and NCCL all-reduce timings) and writes
-``headway/data/efficiency.json``; :func:`parse_efficiency_table` turns that file's parsed
-content into an :class:`EfficiencyTable`. Every efficiency is at most 1 and every overhead
-is at least 0, so no prediction is faster than the pure roofline (:meth:`roofline_bound_s`).
-Every term is non-decreasing in each batch sum, so more work never takes less time.
+``headway/data/efficiency.json``;
+:func:`~headway.core.engine.efficiency.parse_efficiency_table` turns that file's parsed
+content into an :class:`~headway.core.engine.efficiency.EfficiencyTable`. Every
+efficiency is at most 1 and every overhead is at least 0, so no prediction is faster
+than the pure roofline (:meth:`roofline_bound_s`). Every term is non-decreasing in each
+batch sum, so more work never takes less time.
 
 Usage (a driver loads the shipped table; the core never reads files)::
 
@@ -55,34 +57,19 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from headway.core.engine.catalog import GpuSpec, ModelSpec
-from headway.core.engine.efficiency import (
-    AllReduceEfficiency,
-    AttentionEfficiency,
-    EfficiencyProfile,
-    EfficiencyTable,
-    ElementwiseEfficiency,
-    GemmEfficiency,
-    parse_efficiency_table,
-)
+from headway.core.engine.efficiency import EfficiencyProfile, GemmEfficiency
 from headway.core.engine.steptime import BatchShape
 
 __all__ = [
     "ACTIVATION_BYTES",
     "DEFAULT_PER_SEQ_OVERHEAD_S",
     "DEFAULT_STEP_OVERHEAD_S",
-    "AllReduceEfficiency",
-    "AttentionEfficiency",
-    "EfficiencyProfile",
-    "EfficiencyTable",
-    "ElementwiseEfficiency",
-    "GemmEfficiency",
     "RooflineStepTime",
     "StepBreakdown",
     "all_reduce_time_s",
     "blend",
     "elementwise_bytes_per_layer",
     "gemm_time_s",
-    "parse_efficiency_table",
 ]
 
 ACTIVATION_BYTES: Final = 2

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from engine_configs import CONFIGS
-from headway.core.engine.kv import chain_block_hashes
+from engine_configs import CONFIGS, RequestShapes
 from headway.core.engine.replica import ReplicaModel
 from headway.core.engine.scheduler import EngineRequest, SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime
@@ -49,19 +48,12 @@ def make_workload(
     seed: int, config: SchedulerConfig, num_blocks: int
 ) -> tuple[list[Event], SchedulerConfig]:
     rng = np.random.default_rng(seed)
-    bs = config.block_size
-    capacity = num_blocks * bs
-    if not config.enable_chunked_prefill:
-        capacity = min(capacity, config.max_num_batched_tokens)
-    groups = [chain_block_hashes(rng.integers(0, 2**62, size=64).tolist()) for _ in range(3)]
+    shapes = RequestShapes(rng, config, num_blocks)
     events: list[Event] = []
     t = 0.0
     for i in range(int(rng.integers(20, 45))):
         t += float(rng.exponential(0.05))
-        prompt = min(int(rng.integers(1, 600)), capacity - 1)
-        output = min(int(rng.integers(1, 250)), capacity - prompt + 1)
-        group = int(rng.integers(-1, 3))
-        hashes = () if group < 0 else tuple(groups[group][: prompt // bs])
+        prompt, output, hashes = shapes.draw()
         rid = f"r{i}"
         priority = int(rng.integers(0, 4))
         events.append(Event(t, "add", rid, prompt, output, priority, hashes))

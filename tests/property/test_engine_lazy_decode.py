@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_configs import CONFIGS
-from headway.core.engine.kv import chain_block_hashes
+from engine_configs import CONFIGS, RequestShapes
 from headway.core.engine.scheduler import EngineRequest, Scheduler, SchedulerConfig
 
 
@@ -69,21 +68,14 @@ def test_lazy_decoding_reads_and_acts_like_visiting_each_request(
     config: SchedulerConfig, num_blocks: int, seed: int, min_lazy: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    bs = config.block_size
-    capacity = num_blocks * bs
-    if not config.enable_chunked_prefill:
-        capacity = min(capacity, config.max_num_batched_tokens)
-    groups = [chain_block_hashes(rng.integers(0, 2**62, size=64).tolist()) for _ in range(3)]
+    shapes = RequestShapes(rng, config, num_blocks)
     lazy, plain = Scheduler(config, num_blocks), eager(config, num_blocks)
     lazy._min_lazy = min_lazy  # lazy from this many running requests (the default is 8)
     made: tuple[list[EngineRequest], list[EngineRequest]] = ([], [])
     num_lazy_steps = 0
     for _ in range(1500):
         if rng.random() < 0.08 and len(made[0]) < 60:
-            prompt = min(int(rng.integers(1, 600)), capacity - 1)
-            output = min(int(rng.integers(1, 250)), capacity - prompt + 1)
-            group = int(rng.integers(-1, 3))
-            hashes = () if group < 0 else tuple(groups[group][: prompt // bs])
+            prompt, output, hashes = shapes.draw()
             priority = int(rng.integers(0, 4))
             rid = f"r{len(made[0])}"
             for s, bucket in zip((lazy, plain), made, strict=True):

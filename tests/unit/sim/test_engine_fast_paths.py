@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from engine_configs import CONFIGS
-from headway.core.engine.kv import BlockPool, chain_block_hashes
+from engine_configs import CONFIGS, RequestShapes
+from headway.core.engine.kv import BlockPool
 from headway.core.engine.replica import (
     ReplicaModel,
     StepResult,
@@ -178,18 +178,11 @@ class Arrival:
 
 def make_arrivals(seed: int, config: SchedulerConfig, num_blocks: int) -> list[Arrival]:
     rng = np.random.default_rng(seed)
-    bs = config.block_size
-    capacity = num_blocks * bs
-    if not config.enable_chunked_prefill:
-        capacity = min(capacity, config.max_num_batched_tokens)
-    groups = [chain_block_hashes(rng.integers(0, 2**62, size=64).tolist()) for _ in range(3)]
+    shapes = RequestShapes(rng, config, num_blocks)
     arrivals, t = [], 0.0
     for i in range(int(rng.integers(20, 45))):
         t += float(rng.exponential(0.05))
-        prompt = min(int(rng.integers(1, 600)), capacity - 1)
-        output = min(int(rng.integers(1, 250)), capacity - prompt + 1)
-        group = int(rng.integers(-1, 3))
-        hashes = () if group < 0 else tuple(groups[group][: prompt // bs])
+        prompt, output, hashes = shapes.draw()
         abort_s = t + float(rng.exponential(0.3)) if rng.random() < 0.1 else None
         arrivals.append(
             Arrival(t, f"r{i}", prompt, output, int(rng.integers(0, 4)), hashes, abort_s)

@@ -6,8 +6,9 @@ Events at the same time run in priority order, then in the order they were sched
 * ``DISPATCH`` (0): a task arrives or a task's next step sends its calls. Arrivals at a
   time are seen by an engine step that starts at the same time.
 * ``BOUNDARY`` (1): a replica's step (or run of decode steps) ends and the next starts.
-* ``SAMPLE`` (2): the timeline sampler reads the cluster; it changes nothing (the
-  simulator merges its samples in at this rank instead of queueing them).
+
+Timeline samples rank after both at the same time; they change nothing and are not
+queued: ``Simulator.run`` merges them in, as it does the arrivals.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Final
 
 DISPATCH: Final = 0
 BOUNDARY: Final = 1
-SAMPLE: Final = 2
 
 Event = tuple[float, int, int, int, int, int]
 """``(time_s, priority, seq, kind, a, b)``: ``kind`` and the two integer arguments say what
@@ -42,13 +42,6 @@ class EventQueue:
     def pop(self) -> Event:
         """Remove and return the earliest event."""
         return heapq.heappop(self._heap)
-
-    def peek_key(self) -> tuple[float, int] | None:
-        """``(time_s, priority)`` of the earliest event, or None when empty."""
-        if not self._heap:
-            return None
-        top = self._heap[0]
-        return (top[0], top[1])
 
     def __len__(self) -> int:
         return len(self._heap)

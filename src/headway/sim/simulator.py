@@ -145,7 +145,7 @@ class Simulator(TaskFlow):
         events = self.events
         horizon = max(w.duration_s, arrivals[-1] if arrivals else 0.0)
         samples = self.options.sample_points
-        # Timeline samples rank after anything else at their time (SAMPLE); the loop merges
+        # Timeline samples rank after anything else at their time; the loop merges
         # them in, like the arrivals, which keeps the queue small.
         sample_at = np.linspace(0.0, horizon, samples).tolist() if samples > 0 else []
         num_samples = len(sample_at)

@@ -94,6 +94,7 @@ def _gateway_config(upstream: str, **extra: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "upstreams": [{"url": upstream}],
         "tenants": {KEY: {"name": "bench"}},
+        "metrics_public": True,
         "slots_per_upstream": 512,
         "queues": {"critical_reserved_slots": 2, "max_queued_per_tenant": 4096,
                    "interactive": {"max_queued_requests": 4096}},

@@ -1,10 +1,23 @@
-"""Test settings: the Hypothesis profile (a smaller one under CI)."""
+"""Test settings: the Hypothesis profile (a smaller one under CI), and the log scan that
+fails a test whose servers wrote a configured secret (``tests/log_secrets.py``)."""
 
 from __future__ import annotations
 
 import os
 
 from hypothesis import settings
+
+from log_secrets import (
+    no_secrets_in_module_server_logs,
+    no_secrets_in_server_logs,
+    no_secrets_in_session_server_logs,
+)
+
+__all__ = [
+    "no_secrets_in_module_server_logs",
+    "no_secrets_in_server_logs",
+    "no_secrets_in_session_server_logs",
+]
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=100, deadline=None)

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from headway.redis_process import free_port
+
 WORKLOAD = """\
 name: e2e
 seed: 5
@@ -80,6 +82,21 @@ def test_missed_budget_exits_1(tmp_path: Path, server: Callable[..., str]) -> No
     done = _bench("--target", server(), str(workload), "--lateness-budget-ms", "0.000001")
     assert done.returncode == 1, done.stderr
     assert "FAILED" in done.stdout
+
+
+def test_a_run_where_no_call_got_through_exits_1(tmp_path: Path) -> None:
+    """Every call refused (nothing listens on the port): it used to pass, exit 0."""
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    closed = f"http://127.0.0.1:{free_port()}"
+    done = _bench("--target", closed, "--model", "m", str(workload), "--json")
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["outcomes"]["by_error"] == {"connect": 50, "ok": 0}
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == (
+        f"headway: error: no call got through: 50 of 50 failed (50 connect); is {closed} "
+        "up and serving m?"
+    )
 
 
 @pytest.mark.parametrize(

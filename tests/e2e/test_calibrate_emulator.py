@@ -1,9 +1,14 @@
 """`headway calibrate` against `headway emulate`: it recovers the emulator's step-time
-parameters, and `simulate` and `emulate` accept the profile it writes."""
+parameters and engine settings, `simulate` and `emulate` accept the profile and the
+cluster file it writes, and a host that slows down mid-run fails it."""
 
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,6 +18,7 @@ from headway.calibrate.profile import PROFILE_FORMAT, read_profile
 from headway.cli import main
 from headway.emulate.parity import emulator_lag_max_s
 from headway.emulate.process import EmulatorProcess
+from headway.redis_process import free_port
 
 MAX_LAG_S = 0.03
 """Wall seconds the emulator may fall behind real time for its timings to be the model's."""
@@ -23,8 +29,13 @@ TRUTH = {
     "per_prefill_pair_s": 2e-09,
     "per_decode_seq_s": 0.00025,
     "per_decode_kv_token_s": 3e-07,
+    "per_prefill_seq_s": 0.01,
 }
 """A Llama-3-8B-like H100 profile: every term matters somewhere in the probe plan."""
+
+HTTP_OVERHEAD_S = 0.02
+"""Engine seconds a request's HTTP round trip may add to ``per_prefill_seq_s`` (the
+emulator's own latency, at speed-up 4: 5 ms of wall time)."""
 
 WORKLOAD = {
     "name": "tiny",
@@ -34,6 +45,7 @@ WORKLOAD = {
         "chat": {
             "input_tokens": 500,
             "output_tokens": 50,
+            "slo": {"ttft_s": 1.0, "tpot_s": 0.1},
         }
     },
     "sources": [{"name": "users", "arrivals": {"process": "poisson", "rate_per_s": 2}}],
@@ -47,40 +59,71 @@ def truth_file(tmp_path: Path) -> Path:
     return path
 
 
-def _calibrate(truth_file: Path, out: Path) -> float:
+def _calibrate(truth_file: Path, out: Path) -> tuple[int, float, dict[str, object]]:
     """Calibrate against an emulator of ``truth_file``; returns the emulator's largest lag
     behind real time (a busy machine delays its tokens, which the fit then reads as
-    slower steps)."""
-    with EmulatorProcess(["--profile", str(truth_file), "--speedup", "4"]) as emu:
-        code = main(["calibrate", "--target", emu.url, "--out", str(out),
-                     "--decode-concurrency", "2,4,8", "--json"])  # fmt: skip
+    slower steps) and the scheduler settings it reports, after the exit code."""
+    engine = out.parent / "engine.yaml"
+    engine.write_text(yaml.safe_dump({"engine": {"block_size": 32, "max_num_seqs": 64}}), "utf-8")
+    with EmulatorProcess(["--profile", str(truth_file), "--speedup", "4",
+                          "--max-model-len", "40000",
+                          "--cluster", str(engine), "--num-kv-blocks", "3000"]) as emu:  # fmt: skip
+        code = main(["calibrate", "--target", emu.url, "--out", str(out), "--json"])
         lag_s = emulator_lag_max_s(emu.url)
-    assert code == 0
-    return lag_s
+        with urllib.request.urlopen(f"{emu.url}/version", timeout=10) as resp:
+            scheduler = json.loads(resp.read())["scheduler"]
+    return code, lag_s, scheduler
 
 
 def test_calibration_recovers_the_emulator_parameters(
     truth_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "profile.json"
-    if _calibrate(truth_file, out) > MAX_LAG_S:  # the machine was busy: once more
-        capsys.readouterr()
-        _calibrate(truth_file, out)
-    printed = json.loads(capsys.readouterr().out)
+    for _ in range(3):
+        code, lag_s, scheduler = _calibrate(truth_file, out)
+        captured = capsys.readouterr()
+        # The machine was busy (the emulator lagged, or calibrate's own checks refused
+        # the fit): once more, at most twice.
+        if code == 0 and lag_s <= MAX_LAG_S:
+            break
+    assert code == 0, (lag_s, captured.err)
+    printed = json.loads(captured.out)
     profile = read_profile(out)
     assert printed["step_time"] == json.loads(out.read_text())["step_time"]
     assert profile.model == "llama-3-8b" and profile.engine.startswith("headway-emulate")
     assert profile.fit.time_scale == 4 and profile.created_utc.endswith("Z")
+    engine = {name: value for name, value in TRUTH.items() if name != "per_prefill_seq_s"}
     errors = {
-        name: abs(getattr(profile.step_time, name) - value) / value for name, value in TRUTH.items()
+        name: abs(getattr(profile.step_time, name) - value) / value
+        for name, value in engine.items()
     }
     # Wall-clock probes on a shared machine: the test allows 15% so a busy CI host does
     # not fail it; benchmarks/parity.py measures the 5% target (0.4-0.7% when quiet).
     assert max(errors.values()) <= 0.15, errors
+    # A lone request's TTFT beyond its tokens: the engine's per-request cost, plus HTTP.
+    per_request_s = profile.step_time.per_prefill_seq_s
+    assert 0.85 * TRUTH["per_prefill_seq_s"] <= per_request_s
+    assert per_request_s <= TRUTH["per_prefill_seq_s"] + HTTP_OVERHEAD_S
+    # Every coefficient has an interval around its value; the checks passed.
+    assert profile.fit.problems == [] and profile.fit.num_rounds == 3
+    for name, p in profile.fit.parameters.items():
+        assert p.ci_low <= p.value <= p.ci_high and p.ci_impact <= 0.25, name
+    assert len(profile.fit.reference_step_s) == 4 and profile.fit.drift <= 0.15
 
-    # The profile drives the simulator (a cluster file naming it) and the emulator.
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"profile": "profile.json"}), encoding="utf-8")
+    # The engine's settings come from it: the KV pool from `vllm:cache_config_info`, the
+    # scheduler's limits from the emulator's /version; the cluster file carries them.
+    settings = profile.engine_settings
+    assert settings.block_size == 32 == scheduler["block_size"]
+    assert settings.num_gpu_blocks == 3000 == scheduler["num_kv_blocks"]
+    assert settings.sources["block_size"] == settings.sources["num_gpu_blocks"] == "metrics"
+    assert settings.max_num_seqs == 64 and settings.sources["max_num_seqs"] == "version"
+    cluster = tmp_path / "profile.cluster.yaml"
+    written = yaml.safe_load(cluster.read_text(encoding="utf-8"))
+    assert written["profile"] == "profile.json"
+    assert written["num_kv_blocks"] == scheduler["num_kv_blocks"]
+    assert written["engine"]["block_size"] == 32 and written["engine"]["max_num_seqs"] == 64
+
+    # The profile drives the simulator (the cluster file naming it) and the emulator.
     workload = tmp_path / "w.yaml"
     workload.write_text(yaml.safe_dump(WORKLOAD), encoding="utf-8")
     assert main(["simulate", str(workload), "--cluster", str(cluster), "--json"]) == 0
@@ -93,10 +136,38 @@ def test_calibration_recovers_the_emulator_parameters(
 def test_unreachable_target_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["calibrate", "--target", "http://127.0.0.1:9", "--out",
-                 str(tmp_path / "p.json")])  # fmt: skip
-    assert code == 1
-    assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
+    """As bench: a closed port or a target that is not a URL is one line and exit 2
+    (they were exit 1 with aiohttp's words)."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    code = main(["calibrate", "--target", closed, "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--target {closed}: cannot list models" in err and "is the server up?" in err
+    assert main(["calibrate", "--target", "foo", "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--target must be an http(s) URL such as http://127.0.0.1:8000 (got 'foo')" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
+
+
+def test_an_unwritable_out_fails_before_any_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out was checked only after every probe had run, and the results were lost."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with EmulatorProcess(["--speedup", "50"]) as emu:
+        for out, words in (
+            (blocker / "profile.json", "cannot write there"),
+            (tmp_path, "is a folder; name the file to write"),
+        ):
+            code = main(["calibrate", "--target", emu.url, "--out", str(out), "--json"])
+            err = capsys.readouterr().err
+            assert code == 2 and f"--out {out}" in err and words in err, err
+        with urllib.request.urlopen(f"{emu.url}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+    served = re.search(r"^headway_emulator_http_requests_total(?:{[^}]*})? (\S+)$", metrics,
+                       re.MULTILINE)  # fmt: skip
+    assert served is not None and float(served.group(1)) == 0  # no probe was sent
 
 
 def test_a_bad_profile_file_names_the_key(
@@ -132,3 +203,74 @@ def test_simulate_and_plan_take_a_profile_flag(
     assert plan["simulated"]["cluster"]["step_time"] == "profile"
     missing = main(["simulate", str(workload), "--profile", str(tmp_path / "nope.json")])
     assert missing == 2
+
+
+def _finished_requests(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total{")
+    )
+
+
+def _slow_down_after(url: str, requests: int, factor: float, done: threading.Event) -> None:
+    """Once ``requests`` requests have finished, make every step ``factor`` × slower."""
+    deadline = time.monotonic() + 120
+    while not done.is_set() and time.monotonic() < deadline:
+        if _finished_requests(url) >= requests:
+            body = json.dumps({"slowdown_factor": factor}).encode()
+            post = urllib.request.Request(f"{url}/admin/faults", data=body, method="POST",
+                                          headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(post, timeout=10):
+                return
+        done.wait(0.02)  # the condition is the emulator's count: look again shortly
+
+
+def test_a_slowdown_mid_calibration_fails_naming_the_drift(
+    truth_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "profile.json"
+    stale = tmp_path / "profile.cluster.yaml"  # an earlier run's: it must not pass for this one
+    stale.write_text("profile: profile.json\n", encoding="utf-8")
+    done = threading.Event()
+    with EmulatorProcess(["--profile", str(truth_file), "--speedup", "4"]) as emu:
+        # The warm-up (8 requests) and round 1 (4 + 8 + 28 requests) run at full speed.
+        slow = threading.Thread(target=_slow_down_after, args=(emu.url, 50, 2.0, done))
+        slow.start()
+        try:
+            code = main(["calibrate", "--target", emu.url, "--out", str(out),
+                         "--decode-concurrency", "2,4,8"])  # fmt: skip
+        finally:
+            done.set()
+            slow.join()
+        faults = json.loads(urllib.request.urlopen(f"{emu.url}/admin/faults", timeout=10).read())
+    assert faults["slowdown_factor"] == 2.0  # it did slow down during the run
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "headway: error: untrustworthy fit: drift: the reference probe's decode step" in err
+    assert "above --max-drift 15%" in err
+    profile = read_profile(out)  # written for inspection, with the reasons
+    assert profile.fit.problems and profile.fit.drift > 0.5
+    # No cluster file: simulate and plan read that one (it was written all the same).
+    assert not stale.exists() and f"no cluster file was written: {stale}" in err
+
+
+def test_simulated_ttft_includes_the_per_request_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 415 ms a real vLLM's lone request spent beyond its tokens (issue 14, defect 3)
+    is simulated: a profile of an older headway names it `request_overhead_s`."""
+    step_time = {"overhead_s": 0.005, "per_prefill_token_s": 6e-05, "per_decode_seq_s": 0.00025}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": PROFILE_FORMAT, "step_time": step_time,
+                               "request_overhead_s": 0.4}), encoding="utf-8")  # fmt: skip
+    arrivals = {"process": "poisson", "rate_per_s": 0.2}
+    light = {**WORKLOAD, "sources": [{"name": "users", "arrivals": arrivals}]}
+    workload = tmp_path / "w.yaml"
+    workload.write_text(yaml.safe_dump(light), encoding="utf-8")
+    assert main(["simulate", str(workload), "--profile", str(old), "--json"]) == 0
+    ttft = json.loads(capsys.readouterr().out)["latencies"]["ttft"]
+    # one step of a 500-token prompt is 35 ms; the per-request cost comes on top
+    assert 0.4 < ttft["p50_s"] < 0.5, ttft

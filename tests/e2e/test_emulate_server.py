@@ -120,10 +120,31 @@ def test_token_id_prompt_counts_exactly(emulator: str) -> None:
 def test_models_health_version(emulator: str) -> None:
     status, models = _http(emulator, "/v1/models")
     assert status == 200 and models["data"][0]["id"] == MODEL
-    assert models["data"][0]["max_model_len"] > 8192
+    # Llama-3-8B's context length, as vLLM lists it; not the KV pool (410,400 tokens).
+    assert models["data"][0]["max_model_len"] == 8192
     assert _http(emulator, "/health")[0] == 200
     status, version = _http(emulator, "/version")
     assert status == 200 and version["speedup"] == 20 and version["revision"] == "r1"
+
+
+def test_a_request_past_the_context_length_is_refused_like_vllm(emulator: str) -> None:
+    """The KV pool holds 410,400 tokens, but Llama-3-8B takes 8,192: 8,000 prompt tokens
+    and 500 to generate are a 400 naming the limit, as vLLM answers."""
+    body = {"model": MODEL, "prompt": [7] * 8000, "max_tokens": 500}
+    status, error = _http(emulator, "/v1/completions", body)
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 8192 tokens" in error["error"]["message"]
+    status, _ = _http(emulator, "/v1/completions", {**body, "max_tokens": 192})
+    assert status == 200
+
+
+def test_max_model_len_flag_lowers_the_limit() -> None:
+    with EmulatorProcess(["--speedup", "50", "--max-model-len", "2048"]) as emu:
+        status, models = _http(emu.url, "/v1/models")
+        assert status == 200 and models["data"][0]["max_model_len"] == 2048
+    with EmulatorProcess(["--speedup", "50", "--num-kv-blocks", "64"]) as small:
+        # A pool of 64 blocks of 16 tokens holds less than the context: the pool bounds it.
+        assert _http(small.url, "/v1/models")[1]["data"][0]["max_model_len"] == 1024
 
 
 def test_metrics_use_vllm_names(emulator: str) -> None:

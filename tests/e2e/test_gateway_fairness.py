@@ -82,7 +82,7 @@ def test_a_light_tenant_is_dispatched_at_once_beside_a_flood() -> None:
 
     with (
         EmulatorProcess(["--speedup", "1"]) as emu,
-        GatewayProcess({"upstreams": [{"url": emu.url}], **config}) as gw,
+        GatewayProcess({"upstreams": [{"url": emu.url}], "metrics_public": True, **config}) as gw,
         ThreadPoolExecutor(12) as pool,
     ):
         floods = [pool.submit(flood) for _ in range(12)]

@@ -4,8 +4,9 @@ processes on loopback ports).
 * The tenant is the API key and nothing else: no header or body field changes it; one
   tenant spending its token budget leaves another's admitted, and its refusals never name
   the other tenant or its numbers.
-* ``/metrics`` refuses tenant keys (403) and, with ``metrics_token``, anything but that
-  token (401); ``/admin/*`` takes the admin token only (401 otherwise, 403 when unset).
+* ``/metrics`` is private by default (403 without a token configured), refuses tenant keys
+  (403) and, with ``metrics_token`` or ``admin_token``, anything but those
+  (401); ``/admin/*`` takes the admin token only (401 otherwise, 403 when unset).
 * Each tenant's relayed bodies carry its own ``cache_salt``: tenant B sending tenant A's
   exact prompt gets no prefix-cache hit on the engine, while A's own repeat does.
 * No prompt text reaches the access log or the gateway's own log on error and refusal
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -101,7 +101,7 @@ def _chat(text: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
 
 
 def test_tenant_comes_from_the_key_only(emulator: str) -> None:
-    with _gateway(emulator) as gw:
+    with _gateway(emulator, metrics_public=True) as gw:
         spoof = {
             "x-headway-tenant": "globex",
             "x-tenant": "globex",
@@ -147,9 +147,18 @@ def test_one_tenant_spending_its_budget_leaves_the_other_admitted(emulator: str)
 # --- metrics and admin -----------------------------------------------------------------------
 
 
-def test_open_metrics_refuse_tenant_keys(emulator: str) -> None:
+def test_metrics_are_private_by_default_and_refuse_tenant_keys(emulator: str) -> None:
+    with _gateway(emulator) as gw:  # no token: private (it named every tenant to anyone)
+        for key in (KEY_A, None, "someone-else"):
+            status, _, data = _call(gw.url, "GET", "/metrics", key)
+            assert status == 403 and b"headway_" not in data, (key, data[:300])
+        assert "metrics_public" in json.loads(data)["error"]["message"]
     with _gateway(emulator, admin_token=ADMIN) as gw:
-        assert _call(gw.url, "GET", "/metrics")[0] == 200  # open, as vLLM's
+        for key in (None, "someone-else"):
+            assert _call(gw.url, "GET", "/metrics", key)[0] == 401
+        assert "headway_gateway_requests_offered_total" in _metrics(gw.url, ADMIN)
+    with _gateway(emulator, admin_token=ADMIN, metrics_public=True) as gw:
+        assert _call(gw.url, "GET", "/metrics")[0] == 200  # opted in: open, as vLLM's
         for key in (KEY_A, KEY_B):
             status, _, data = _call(gw.url, "GET", "/metrics", key)
             assert status == 403, data[:300]
@@ -160,7 +169,7 @@ def test_open_metrics_refuse_tenant_keys(emulator: str) -> None:
 
 def test_metrics_token_guards_metrics(emulator: str) -> None:
     with _gateway(emulator, metrics_token=METRICS) as gw:
-        for key in (None, "wrong", ADMIN, f"{METRICS}x"):
+        for key in (None, "wrong", f"{METRICS}x"):
             status, _, data = _call(gw.url, "GET", "/metrics", key)
             assert status == 401 and b"headway_" not in data, (key, data[:300])
         for key in (KEY_A, KEY_B):
@@ -261,9 +270,8 @@ def test_refused_and_malformed_requests_leave_no_prompt_text(emulator: str, tmp_
         ]
         assert all(400 <= s < 500 for s in statuses[: len(sent)]), statuses
         assert 429 in statuses[len(sent) :], statuses
-        assert gw.proc is not None
-        gw.proc.send_signal(signal.SIGTERM)
-        _, stderr = gw.proc.communicate(timeout=20)
+        gw.stop(timeout_s=20)
+        stderr = "".join(gw.output)
     lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line]
     assert len(lines) == len(statuses)
     assert sorted(line["status"] for line in lines) == sorted(statuses)

@@ -120,6 +120,7 @@ def test_fallback_routes_only_where_the_data_policy_allows_and_revision_pins() -
                 "external": {"data_policy": "public"},
             },
             "admin_token": "adm",
+            "metrics_public": True,
         }
         with GatewayProcess(config) as gateway:
             chat = f"{gateway.url}/v1/chat/completions"
@@ -160,7 +161,7 @@ def test_measured_tpot_refuses_the_surely_late_at_arrival() -> None:
     deadline (400 deadline_unmeetable: no wait can fix it), while a feasible one is served."""
     with (
         EmulatorProcess(["--speedup", "5"]) as engine,
-        GatewayProcess({"upstreams": [{"url": engine.url}]}) as gateway,
+        GatewayProcess({"upstreams": [{"url": engine.url}], "metrics_public": True}) as gateway,
     ):
         chat = f"{gateway.url}/v1/chat/completions"
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],

@@ -58,7 +58,7 @@ def _run(emulator: str, log: Path, **extra: Any) -> tuple[str, list[dict[str, An
         with pytest.raises(openai.AuthenticationError):
             bad.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
         tiny = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-tiny", max_retries=0)
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.BadRequestError):  # more than tiny's whole 1-token budget
             tiny.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
         for each in (client, bad, tiny):
             each.close()
@@ -90,7 +90,7 @@ def test_access_log_has_fields_and_no_prompt(emulator: str, tmp_path: Path) -> N
     assert whole["request_id"] != streamed["request_id"]
     assert refused["status"] == 401 and refused["admission"] == "invalid"
     assert refused["tenant"] is None and refused["upstream"] is None
-    assert shed["status"] == 429 and shed["admission"] == "shed"
+    assert shed["status"] == 400 and shed["admission"] == "shed"
     assert shed["tenant"] == "tiny" and shed["shed_reason"] == "tenant_token_rate"
     assert shed["upstream"] is None and shed["queue_wait_ms"] is None
 

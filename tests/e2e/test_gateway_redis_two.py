@@ -87,6 +87,7 @@ def test_two_gateways_share_one_budget_and_survive_redis_dying() -> None:
             "upstreams": [{"url": emu.url}],
             "tenants": {KEY: {"name": "shared", "token_rate_per_s": RATE, "burst_s": BURST_S}},
             "slots_per_upstream": 64,
+            "metrics_public": True,
             "queues": {"critical_reserved_slots": 0},
             "shared": {"sync_interval_s": 0.2, "lease_ttl_s": 1.0, "timeout_s": 0.2,
                        "reconnect_max_s": 0.5, "request_tokens_hint": float(COST)},

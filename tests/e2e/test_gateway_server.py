@@ -140,6 +140,7 @@ def _config(upstream: str, **extra: Any) -> dict[str, Any]:
             LIGHT: {"name": "light", "token_rate_per_s": 100.0, "burst_s": 1.0},
         },
         "admin_token": "admin-secret",
+        "metrics_public": True,
     }
     config.update(extra)
     return config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from headway import native
+from headway.calibrate.profile import PROFILE_FORMAT
 from headway.cli import main
 
 WORKLOAD: dict[str, Any] = {
@@ -62,17 +65,33 @@ def test_plan_writes_plan_and_report_and_report_rerenders(
     assert (
         main(["plan", str(w), "--cluster", str(c), "--out", str(out), "--jobs", "1", *QUICK]) == 0
     )
-    text = capsys.readouterr().out
-    assert re.search(r"\d+ replicas? of Llama-3-8B on H100-SXM holds? the peak", text)
-    assert "report.html" in text.replace("\n", "")
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    # A roofline cluster is uncalibrated: the workload's measured 1,500 output tokens/s per
+    # replica leads, and the simulation's own count follows, labelled.
+    assert re.search(r"\d+ replicas? holds? the peak of 10 tasks/s, from the 1,500 output "
+                     r"tokens/s per replica measured in routes.chat.replica", text)  # fmt: skip
+    assert re.search(r"Uncalibrated, the simulation \(a roofline of Llama-3-8B on H100-SXM, "
+                     r"[\d,]+ output tokens/s per replica at the knee, not your engine\) "
+                     r"finds that \d+ replicas? of Llama-3-8B on H100-SXM holds? the peak",
+                     text)  # fmt: skip
+    assert "Replicas at the peak (10 tasks/s, steady; uncalibrated roofline, ◀ its count)" in text
+    # The terminal wraps a long path anywhere (a space or a newline inside the name).
+    assert "report.html" in "".join(text.split())
     plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
     assert plan["schema"] == "headway.plan/1" and plan["complete"] is True
     assert plan["bad_days"]["schema"] == "headway.bad-days/1"
     sim = plan["simulated"]
+    assert plan["answer"]["basis"] == "measured" and plan["answer"]["route"] == "chat"
+    assert (
+        plan["answer"]["replicas"]
+        == plan["analytic"]["periods"][-1]["routes"][0]["sizing"]["replicas_with_failover"]
+    )
     assert sim["cluster_source"].startswith(str(c))
     assert sim["knee"]["found"] and sim["cost"]["cost_per_successful_task"] > 0
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'data-plot="attainment"' in page
+    assert f"The plan leads with <b>{plan['answer']['replicas']}</b>" in page
+    assert "In the uncalibrated (a roofline, not your engine) simulation" in page
     assert "retry-storm" in page  # the bad-day matrix is in the report
     again = tmp_path / "again.html"
     assert main(["report", str(out / "plan.json"), "--out", str(again)]) == 0
@@ -92,6 +111,118 @@ def test_process_pool_gives_the_same_plan(
     assert plans[0] == plans[1]
     assert plans[0]["simulated"]["cluster_source"].startswith("default cluster: llama-3-8b")
     assert any("No --cluster given" in line for line in plans[0]["summary"])
+
+
+def test_a_profile_reaches_the_workers_of_a_compiled_process_pool(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --profile` and `sweep --profile` with two worker processes, as a vLLM user
+    runs them after `calibrate`: compiled, the profile could not be unpickled in the
+    workers (BrokenProcessPool). CI installs the compiled build, so this runs compiled
+    there; the pool's answer equals the one computed in this process."""
+    if os.environ.get("CI") == "true":
+        assert native.status().compiled, native.status().reason
+    w, _ = files
+    profile = tmp_path / "profile.json"
+    step_time = {"overhead_s": 0.006, "per_prefill_token_s": 5e-05, "per_decode_seq_s": 0.0003}
+    profile.write_text(json.dumps({"format": PROFILE_FORMAT, "step_time": step_time}))
+    plans = []
+    for jobs in ("2", "1"):
+        code = main(["plan", str(w), "--profile", str(profile), "--json", "--jobs", jobs,
+                     "--seeds", "1", "--point-duration-s", "20"])  # fmt: skip
+        plan = json.loads(capsys.readouterr().out)
+        assert code == 0
+        plan.pop("created_at")
+        plans.append(plan)
+    assert plans[0] == plans[1]
+    assert plans[0]["simulated"]["cluster"]["profile"]["overhead_s"] == 0.006
+    recommended = plans[0]["simulated"]["replica_search"]["recommended"]
+    assert recommended >= 1
+    # A calibrated profile leads, even though the route declares a capacity.
+    assert plans[0]["answer"] == {
+        "replicas": recommended,
+        "holding_peak": plans[0]["simulated"]["replica_search"]["holding_peak"],
+        "basis": "calibrated",
+        "route": None,
+    }
+    assert plans[0]["summary"][0].startswith(f"Calibrated simulation: {recommended} replica")
+    sweeps = []
+    for jobs in ("2", "1"):
+        code = main(["sweep", str(w), "--profile", str(profile), "--loads", "0.5,1",
+                     "--json", "--jobs", jobs])  # fmt: skip
+        assert code == 0
+        sweeps.append(json.loads(capsys.readouterr().out))
+    assert sweeps[0] == sweeps[1] and len(sweeps[0]["points"]) == 2
+
+
+def test_a_workload_without_a_latency_slo_is_refused_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a latency bound every load meets the SLO: `plan` searched for a knee that
+    does not exist, doubling the load up to 4096x (over 10 minutes, no output)."""
+    unbounded = {**WORKLOAD, "classes": {"chat": {**WORKLOAD["classes"]["chat"]}}}
+    unbounded["classes"]["chat"]["slo"] = {"task_deadline_s": 30}
+    w = tmp_path / "w.yaml"
+    w.write_text(yaml.safe_dump(unbounded), encoding="utf-8")
+    assert main(["plan", str(w), "--jobs", "1", *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert "$.classes: no class names a latency SLO" in err
+    assert "classes.chat.slo: {ttft_s: 2.0, tpot_s: 0.1}" in err and len(err.splitlines()) == 1
+    assert main(["sweep", str(w), "--search", "--jobs", "1"]) == 2
+    assert "`sweep --search` has no knee to find" in capsys.readouterr().err
+    assert main(["workload", "check", str(w)]) == 0
+    assert "warning: classes.chat.slo names no latency bound" in capsys.readouterr().err
+    # The analytic plan needs no SLO.
+    assert main(["plan", str(w), "--analytic-only", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] == "--analytic-only was given"
+
+
+def test_a_knee_search_that_the_slo_never_stops_ends_at_saturation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An SLO too loose to break: the search stops once doubling the load adds no
+    throughput, and says so, instead of doubling to 4096x."""
+    loose = {**WORKLOAD, "duration_s": 20, "classes": {"chat": {**WORKLOAD["classes"]["chat"]}}}
+    loose["classes"]["chat"]["slo"] = {"e2e_s": 1e6}
+    w = tmp_path / "w.yaml"
+    w.write_text(yaml.safe_dump(loose), encoding="utf-8")
+    c = tmp_path / "c.yaml"
+    c.write_text(yaml.safe_dump({"replicas": 1, "model": "llama-3-8b", "gpu": "h100"}))
+    assert main(["sweep", str(w), "--cluster", str(c), "--search", "--jobs", "1", "--json"]) == 0
+    knee = json.loads(capsys.readouterr().out)["knee"]
+    assert knee["stopped"] == "saturated" and knee["saturation_calls_per_s"] > 0
+    assert knee["load_factor"] < 4096
+    assert main(["sweep", str(w), "--cluster", str(c), "--search", "--jobs", "1"]) == 0
+    assert "no knee: attainment stays >= 90% up to saturation" in capsys.readouterr().out
+    code = main(["plan", str(w), "--cluster", str(c), "--json", "--jobs", "1", "--seeds", "1",
+                 "--point-duration-s", "20"])  # fmt: skip
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["simulated"]["knee"]["seeds"][0]["knee"]["stopped"] == "saturated"
+    assert any(
+        line.startswith("The SLO does not limit 1 replica: attainment stays at target")
+        for line in plan["summary"]
+    ), plan["summary"]
+
+
+def test_an_uncalibrated_count_says_so_in_the_headline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing measured and a default roofline: the count leads, marked uncalibrated."""
+    unmeasured = {**WORKLOAD, "duration_s": 30, "routes": {"chat": {"model": "llama-3-8b"}}}
+    w = tmp_path / "w.yaml"
+    w.write_text(yaml.safe_dump(unmeasured), encoding="utf-8")
+    code = main(["plan", str(w), "--json", "--jobs", "1", "--seeds", "1",
+                 "--point-duration-s", "20"])  # fmt: skip
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0
+    search = plan["simulated"]["replica_search"]
+    assert plan["answer"]["basis"] == "uncalibrated"
+    assert plan["answer"]["replicas"] == search["recommended"]
+    head = f"Uncalibrated simulation: {search['recommended']} replica"
+    assert plan["summary"][0].startswith(head)
+    assert plan["summary"][1].startswith(
+        "Its step times come from a roofline of Llama-3-8B on H100-SXM, not from your engine"
+    )
 
 
 def test_report_rejects_a_file_that_is_not_a_plan(

@@ -45,6 +45,23 @@ def test_step_times_come_from_the_step_time_model() -> None:
     assert not replica.has_work
 
 
+def test_each_prefilling_request_costs_its_per_request_time() -> None:
+    """A calibrated profile's per-request cost (what a lone request's TTFT holds beyond
+    its tokens) is charged to the steps that prefill it, in the core that the simulator
+    and the emulator share."""
+    per_request = AffineStepTime(overhead_s=0.01, per_prefill_token_s=0.001,
+                                 per_decode_seq_s=0.002, per_decode_kv_token_s=0.0,
+                                 per_prefill_seq_s=0.4)  # fmt: skip
+    replica = ReplicaModel(SchedulerConfig(), 64, per_request)
+    replica.add_request(make_request("a", 100, 3), 0.0)
+    replica.add_request(make_request("b", 50, 3), 0.0)
+    first = replica.step(0.0)
+    assert first.batch.num_prefill_seqs == 2
+    assert first.duration_s == pytest.approx(0.01 + 0.15 + 2 * 0.4)
+    decode = replica.step(first.end_s)  # decoding requests pay nothing per request
+    assert decode.duration_s == pytest.approx(0.01 + 2 * 0.002)
+
+
 def test_an_idle_step_is_empty_and_takes_no_time() -> None:
     replica = make_replica()
     result = replica.step(5.0)

@@ -170,3 +170,60 @@ def test_a_failed_compile_says_why(tmp_path: Path) -> None:
         "pure Python: compiling at install failed (CompileError: command '/bin/false' failed)"
     )
     assert len(sys.meta_path) == finders  # nothing compiled: nothing to reroute
+
+
+_SIMPLE = {int: 3, float: 0.25, bool: True, "int": 3, "float": 0.25, "bool": True}
+
+
+def _number_dataclasses_of_compiled_modules() -> list[type]:
+    """Every dataclass of a compiled module whose fields are numbers (compiled or not in
+    this process); the others are checked by the test after."""
+    import dataclasses
+    import importlib
+
+    found = []
+    for path in COMPILED:
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        found.extend(
+            value
+            for value in vars(module).values()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and dataclasses.is_dataclass(value)
+            and all(f.type in _SIMPLE for f in dataclasses.fields(value))
+        )
+    assert {"AffineStepTime", "ReplicaSnapshot"} <= {c.__name__ for c in found}
+    return found
+
+
+@pytest.mark.parametrize("cls", _number_dataclasses_of_compiled_modules(), ids=lambda c: c.__name__)
+def test_values_of_compiled_modules_survive_pickle_and_copy(cls: type) -> None:
+    """Process pools (``plan``/``sweep --jobs``) pickle these; compiled, a frozen dataclass
+    refused to be unpickled (mypyc's default ``__setstate__`` assigns field by field)."""
+    import copy
+    import dataclasses
+    import pickle
+
+    value = cls(**{f.name: _SIMPLE[f.type] for f in dataclasses.fields(cls)})
+    assert pickle.loads(pickle.dumps(value)) == value
+    assert copy.copy(value) == value and copy.deepcopy(value) == value
+
+
+def test_step_time_models_and_clusters_survive_pickle() -> None:
+    """What a plan's points carry to its workers: a cluster with a measured profile, and
+    the roofline a worker builds (compiled classes both)."""
+    import pickle
+
+    from headway.core.engine.roofline import RooflineStepTime
+    from headway.core.engine.steptime import AffineStepTime, BatchShape
+    from headway.sim.cluster import ClusterSpec, step_time_model
+    from headway.sim.run import load_efficiency_table
+
+    profile = AffineStepTime(overhead_s=0.01, per_decode_seq_s=0.002)
+    cluster = ClusterSpec(model="llama-3-8b", gpu="h100", step_time="profile", profile=profile)
+    assert pickle.loads(pickle.dumps(cluster)) == cluster
+    roofline = step_time_model(ClusterSpec(model="llama-3-8b", gpu="h100"), load_efficiency_table())
+    assert isinstance(roofline, RooflineStepTime)
+    again = pickle.loads(pickle.dumps(roofline))
+    batch = BatchShape(num_prefill_tokens=512, prefill_attention_pairs=131328, num_prefill_seqs=1)
+    assert again.step_time_s(batch) == roofline.step_time_s(batch)

@@ -31,6 +31,7 @@ from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.scale import scale_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.files.workload import LoadedWorkload, load_workload, parse_workload, resolve_traces
+from headway.server_vocabulary import read_vocabulary
 
 WORKLOAD_SUFFIXES = (".yaml", ".yml")
 
@@ -237,8 +238,11 @@ def run_bench(bench_input: BenchInput, options: BenchOptions, load_factor: float
         stream=options.stream,
         ignore_eos=options.ignore_eos,
         api_key=options.api_key,
+        vocabulary=read_vocabulary(options.target.url, model, options.api_key),
     )
     encoder.prompt(0, int(w.call_input_tokens.max()))  # build the filler once, before t0
+    if w.prefix_hash_ids:
+        encoder.share_prefixes(w.call_prefix_row.tolist(), w.prefix_hash_ids)
     plans = shard_plans(w, workers)
     age_at_build = process_age_s()
     built = time.monotonic()
@@ -273,5 +277,6 @@ def run_bench(bench_input: BenchInput, options: BenchOptions, load_factor: float
             max_open_connections=outcome.stats.max_open,
         ),
         budgets=options.budgets,
+        exact_prompts=encoder.vocabulary is not None,
     )
     return BenchRun(result, w, outcome.records)

@@ -3,8 +3,8 @@
 ``headway bench --target URL WORKLOAD|TRACE [--load X] [--duration-s S] [--seed N]
 [--sweep] [--json] [--out DIR] ...`` sends the workload open-loop and reports pacing,
 latencies, SLO attainment and goodput; exit code 1 when the sender missed its budget
-(lateness p99 or achieved rate), or, with ``--sweep``, when a point next to the knee
-did. See ``docs/bench.md``.
+(lateness p99 or achieved rate) or no call got through, or, with ``--sweep``, when a point
+next to the knee missed the budget. See ``docs/bench.md``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from headway.core.errors import ConfigError
 
 _EPILOG = (
     "Exit codes: 0 the run kept its budgets; 1 lateness p99 or achieved rate outside the "
-    "budget (with --sweep: a point next to the knee was); 2 a usage or configuration "
-    "error. Docs: docs/bench.md."
+    "budget, or no call got through (with --sweep: a point next to the knee was outside "
+    "the budget); 2 a usage or configuration error. Docs: docs/bench.md."
 )
 
 
@@ -174,6 +174,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _report_run(args: argparse.Namespace, run: Any) -> int:
     from headway.bench.page import render_run
     from headway.bench.records import write_records
+    from headway.bench.sent_trace import write_sent_trace
     from headway.bench.series import per_second
     from headway.files.jsonout import to_builtins, to_json
     from headway.files.output import write_text_atomic
@@ -196,17 +197,52 @@ def _report_run(args: argparse.Namespace, run: Any) -> int:
                 "output_tokens_asked": w.call_output_tokens,
             },
         )
+        write_sent_trace(args.out, w, run.records)
+    for line in run.result.warnings:
+        sys.stderr.write(f"headway bench: warning: {line}\n")
     if args.json:
         sys.stdout.write(text)
     else:
         sys.stdout.write(_text(run.result))
         if args.out is not None:
-            sys.stdout.write(f"wrote {args.out}/bench.json, bench.html, records.npz\n")
+            sys.stdout.write(
+                f"wrote {args.out}/bench.json, bench.html, records.npz, sent-trace.jsonl, "
+                "sent-workload.yaml\n"
+            )
+    nothing = _nothing_got_through(run.result)
+    if nothing:
+        sys.stderr.write(f"headway: error: {nothing}\n")
+        return 1
     return 0 if run.result.passed else 1
+
+
+def _nothing_got_through(r: Any) -> str:
+    """Why no call completed, in one line (empty when some did, or none was scheduled):
+    a run that measured nothing must not pass."""
+    o = r.outcomes
+    if o.calls == 0 or o.by_error.get("ok", 0) > 0:
+        return ""
+    errors = ", ".join(f"{n} {name}" for name, n in o.by_error.items() if name != "ok" and n)
+    statuses = ", ".join(f"{n} × HTTP {code}" for code, n in o.by_status.items())
+    return (
+        f"no call got through: {o.calls} of {o.calls} failed ({errors}"
+        f"{'; ' + statuses if statuses else ''}); is {r.target} up and serving {r.model}?"
+    )
 
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value * 1000:.1f} ms"
+
+
+def _tokens_line(t: Any) -> str:
+    def drift(value: float | None) -> str:
+        return "" if value is None else f" ({value:+.1%})"
+
+    return (
+        f"  tokens: prompt {t.prompt_tokens_reported:,} served / {t.asked_prompt_tokens:,} "
+        f"asked{drift(t.prompt_drift)}; output {t.output_tokens:,} served / "
+        f"{t.asked_output_tokens:,} asked{drift(t.output_drift)}"
+    )
 
 
 def _text(r: Any) -> str:
@@ -224,6 +260,7 @@ def _text(r: Any) -> str:
         f"  SLO attainment {slo.attainment:.1%} (target {slo.target:.0%}), goodput "
         f"{slo.goodput_per_s:.2f}/s; tasks within deadline {slo.task_attainment:.1%}",
         f"  outcomes {r.outcomes.by_error}; HTTP {r.outcomes.by_status}",
+        _tokens_line(r.tokens),
         f"  generator: {cost.workers} worker(s), {cost.loop}, "
         f"{cost.cpu_ms_per_request or 0:.3f} ms CPU/request, startup {cost.startup_s:.2f} s",
     ]
@@ -237,15 +274,13 @@ def _text(r: Any) -> str:
 def _sweep(args: argparse.Namespace, bench_input: Any, options: Any) -> int:
     from headway.bench.knee import BenchPoint, sweep_knee
     from headway.bench.page import render_sweep
+    from headway.core.workload.validate import unbounded_classes
     from headway.files.jsonout import to_builtins, to_json
     from headway.files.output import write_text_atomic
 
     spec = bench_input.loaded.spec
     target = max(c.slo.attainment_target for c in spec.classes.values())
-    if all(
-        c.slo.ttft_s is None and c.slo.tpot_s is None and c.slo.e2e_s is None
-        for c in spec.classes.values()
-    ):
+    if len(unbounded_classes(spec)) == len(spec.classes):
         raise ConfigError(
             "--sweep needs an SLO to find a knee: the workload's classes name none; add "
             "`slo` bounds to the file or pass --slo-ttft-s / --slo-e2e-s"

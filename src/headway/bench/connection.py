@@ -1,9 +1,9 @@
 """One keep-alive HTTP/1.1 connection that reads OpenAI-compatible responses, lean.
 
 The response is kept as raw bytes. Chunked framing is walked header by header to find
-the end of the message; generated text is counted by a regular expression over complete
-chunks (an event with a non-empty ``content``, ``text``, ``reasoning_content`` or
-``arguments`` string counts as one token event; role-only and empty deltas do not). Each
+the end of the message; generated tokens are counted over complete chunks by
+:func:`headway.stream_tokens.count_token_events` (every content event is one token, also
+when its text is empty; the role-only first chunk and events without content are not). Each
 socket read gets one timestamp. ``usage`` is decoded once, from the last event that
 carries it. When a server splits an event across chunks, the body is de-chunked at the
 end and counted again (timestamps then come from the reads that completed the events).
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from headway.bench.records import OK, PROTOCOL, STATUS, STREAM_ERROR
+from headway.stream_tokens import count_token_events
 
 if TYPE_CHECKING:
     from headway.bench.sender import Sender
 
 _now = time.monotonic
-_TOKEN = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)"\s*:\s*"[^"]')
 _USAGE_AT = re.compile(rb'"usage"\s*:\s*\{')
 _ERROR_KEY = re.compile(rb'data:\s*\{"error"\s*:|"object"\s*:\s*"error"')
 _MAX_HEAD_BYTES = 65536
@@ -193,7 +193,7 @@ class Connection(asyncio.Protocol):
         elif self.mode == _LENGTH:
             done = len(raw) - self.body_start >= self.length
         if self.sse and complete > self.scan:
-            found = len(_TOKEN.findall(raw, self.scan, complete))
+            found = count_token_events(raw, self.scan, complete)
             self.scan = complete
             if found:
                 cols = self.cols
@@ -261,7 +261,7 @@ class Connection(asyncio.Protocol):
         if self.mode == _CHUNKED and (not self.aligned or not self.sse):
             body, start = dechunk(raw, self.body_start), 0
             if self.sse:  # events were split across chunks: count again on the payload
-                cols.token_events[j] = len(_TOKEN.findall(body))
+                cols.token_events[j] = count_token_events(body)
         if not self.sse:
             return self._read_json(j, body[start:])
         error = STREAM_ERROR if _ERROR_KEY.search(body, start) else OK

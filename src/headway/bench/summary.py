@@ -95,17 +95,34 @@ class ClassGroup(msgspec.Struct, frozen=True, kw_only=True):
     e2e_p99_s: float | None
 
 
+DRIFT_WARNING = 0.02
+"""A served token total this far from the asked one (relative) gets a warning."""
+
+
 class Tokens(msgspec.Struct, frozen=True, kw_only=True):
-    """Token counts of completed calls."""
+    """Token counts of completed calls: what the workload asked and what the server served.
+
+    A simulation of the workload uses the asked counts; when the served ones drift, the
+    sent trace (``sent-trace.jsonl``) holds what the engine really got.
+    """
 
     output_tokens: int
     output_tokens_per_s: float
     from_usage: float
     """Fraction of completed calls whose counts came from the server's ``usage`` (the rest
-    are estimates: one token per streamed text event)."""
+    are estimates: one token per streamed event)."""
     prompt_tokens_reported: int
+    """The served prompt tokens (``usage.prompt_tokens``) of the completed calls."""
+    asked_prompt_tokens: int
+    """The workload's input tokens of the completed calls."""
     asked_output_tokens: int
     """What the workload asked for (``max_tokens``) on the completed calls."""
+    prompt_drift: float | None
+    """Served / asked prompt tokens − 1, over the completed calls with ``usage``."""
+    output_drift: float | None
+    """Served / asked output tokens − 1, over the completed calls with ``usage``."""
+    exact_prompts: bool
+    """Whether prompts were built with the server's tokenizer (``/tokenize``)."""
 
 
 class Outcomes(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,6 +175,8 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     cost: Cost
     checks: list[Check]
     passed: bool
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """What the reader should know (token drift past 2%)."""
 
 
 def _gap_cv(times: FloatArray) -> float | None:
@@ -244,6 +263,7 @@ def summarize_run(
     cost: Cost,
     outcomes: Outcomes,
     budgets: Budgets,
+    exact_prompts: bool = False,
 ) -> BenchResult:
     """Summarise the records of a run of ``w``."""
     done = r.completed
@@ -287,6 +307,7 @@ def summarize_run(
     p = pacing(r)
     run_checks = checks(p, budgets)
     completed = int(done.sum())
+    tokens = token_counts(w, r, window, exact_prompts)
     return BenchResult(
         schema=SCHEMA,
         workload=w.spec.name,
@@ -318,18 +339,57 @@ def summarize_run(
             verified_goodput_per_s=float(task_met.sum()) / window,
         ),
         by_class=groups,
-        tokens=Tokens(
-            output_tokens=int(out_tokens[done].sum()),
-            output_tokens_per_s=float(out_tokens[done].sum()) / window,
-            from_usage=float(r.usage[done].mean()) if completed else 0.0,
-            prompt_tokens_reported=int(np.maximum(r.prompt_tokens[done], 0).sum()),
-            asked_output_tokens=int(w.call_output_tokens[done].sum()),
-        ),
+        tokens=tokens,
         outcomes=outcomes,
         cost=cost,
         checks=run_checks,
         passed=all(c.passed for c in run_checks),
+        warnings=drift_warnings(tokens),
     )
+
+
+def _drift(served: npt.NDArray[np.int64], asked: npt.NDArray[np.int64]) -> float | None:
+    total = int(asked.sum())
+    return int(served.sum()) / total - 1.0 if served.size and total > 0 else None
+
+
+def token_counts(w: CompiledWorkload, r: CallRecords, window_s: float, exact: bool) -> Tokens:
+    """Asked and served tokens of the completed calls, and their drift."""
+    done = r.completed
+    out = r.completion_tokens.astype(np.int64)
+    reported = done & r.usage
+    prompt = reported & (r.prompt_tokens >= 0)
+    asked_in = w.call_input_tokens.astype(np.int64)
+    asked_out = w.call_output_tokens.astype(np.int64)
+    return Tokens(
+        output_tokens=int(out[done].sum()),
+        output_tokens_per_s=float(out[done].sum()) / window_s,
+        from_usage=float(r.usage[done].mean()) if done.any() else 0.0,
+        prompt_tokens_reported=int(np.maximum(r.prompt_tokens[done], 0).sum()),
+        asked_prompt_tokens=int(asked_in[done].sum()),
+        asked_output_tokens=int(asked_out[done].sum()),
+        prompt_drift=_drift(r.prompt_tokens[prompt].astype(np.int64), asked_in[prompt]),
+        output_drift=_drift(out[reported], asked_out[reported]),
+        exact_prompts=exact,
+    )
+
+
+def drift_warnings(t: Tokens) -> list[str]:
+    """A line for each served total more than 2% off the asked one."""
+    lines = []
+    for what, drift in (("prompt", t.prompt_drift), ("output", t.output_drift)):
+        if drift is not None and abs(drift) > DRIFT_WARNING:
+            lines.append(
+                f"served {what} tokens are {drift:+.1%} off what the workload asked "
+                f"(more than {DRIFT_WARNING:.0%}): a simulation of the workload uses the "
+                "asked counts; simulate the sent trace (sent-trace.jsonl with --out) instead"
+                + (
+                    ""
+                    if what == "output" or t.exact_prompts
+                    else "; the server has no /tokenize, so prompts are estimates"
+                )
+            )
+    return lines
 
 
 def count_outcomes(r: CallRecords) -> tuple[dict[str, int], dict[str, int]]:

@@ -1,13 +1,12 @@
 """Fit the affine step-time model to probe timings.
 
 Unknowns (seconds per unit): ``overhead``, ``per_prefill_token``, ``per_prefill_pair``,
-``per_decode_seq``, ``per_decode_kv_token`` (an
-:class:`~headway.core.engine.steptime.AffineStepTime`), plus ``request_overhead``: what a
-request spends outside engine steps before its first token. Samples:
+``per_decode_seq``, ``per_decode_kv_token`` and ``per_prefill_seq`` (an
+:class:`~headway.core.engine.steptime.AffineStepTime`). Samples:
 
 - a prefill probe's TTFT (the fastest of its repeats; prompt ``P``, alone on the engine,
   in ``n = ceil(P / budget)`` chunks):
-  ``request_overhead + n·overhead + P·per_prefill_token + P(P+1)/2·per_prefill_pair``
+  ``n·(overhead + per_prefill_seq) + P·per_prefill_token + P(P+1)/2·per_prefill_pair``
   (chunk pairs ``c·p + c(c+1)/2`` sum to ``P(P+1)/2`` whatever the chunking);
 - a decode segment (``k`` steps of ``B`` sequences, all decoding): the mean gap
   ``(t_end − t_start)/k`` is ``overhead + B·per_decode_seq + KV·per_decode_kv_token``,
@@ -18,22 +17,47 @@ The fit is non-negative least squares on relative errors (each decode row divide
 its probe's typical step time, the prefill rows by their median TTFT), so short steps
 count as much as long prefills; samples far off a first
 fit (a stall of the client or the machine) are dropped and the fit repeated.
+
+:func:`bootstrap_intervals` refits on probes drawn with replacement among the repeats of
+each shape (the rounds of the plan): the spread of each coefficient over those refits is
+its confidence interval, which a host whose speed wandered during the run widens.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
 
-from headway.calibrate.plan import ProbePlan
+from headway.calibrate.plan import ProbePlan, ProbeShape
 from headway.calibrate.probe import ProbeResult, StreamTiming
 from headway.core.engine.steptime import AffineStepTime
 
-__all__ = ["FitOutcome", "Samples", "collect_samples", "fit_step_time"]
+__all__ = [
+    "PARAMETERS",
+    "FitOutcome",
+    "ProbeSamples",
+    "Samples",
+    "bootstrap_intervals",
+    "collect_samples",
+    "fit_step_time",
+    "pool",
+    "probe_samples",
+]
+
+PARAMETERS = (
+    "overhead_s",
+    "per_prefill_token_s",
+    "per_prefill_pair_s",
+    "per_decode_seq_s",
+    "per_decode_kv_token_s",
+    "per_prefill_seq_s",
+)
+"""The fitted coefficients, in the order of the regression's columns."""
 
 
 @dataclass(slots=True)
@@ -49,14 +73,32 @@ class Samples:
     """Decode probes left out because their step times scattered (a disturbed run)."""
 
 
+@dataclass(slots=True)
+class ProbeSamples:
+    """The samples of one probe, kept apart so that the bootstrap can redraw probes."""
+
+    shape: ProbeShape
+    ttft: tuple[int, int, float] | None = None
+    """``(prompt tokens, prefill chunks, TTFT)`` of a prefill probe."""
+    gaps: list[tuple[int, float, float, float, float]] = field(default_factory=list)
+    """Its decode segments, as in :attr:`Samples.gaps`."""
+    typical_gap_s: float | None = None
+    """The median of its decode segments (None: it had none)."""
+    discarded: bool = False
+    """Its segments scattered (a disturbed run): they are left out of the fit."""
+
+
 @dataclass(frozen=True, slots=True)
 class FitOutcome:
     """The fitted model and how well it explains the samples."""
 
     step_time: AffineStepTime
-    request_overhead_s: float
     rms_relative_error: float
     max_relative_error: float
+    leverage: dict[str, float]
+    """For each coefficient, the largest share of a sample's measured time that one unit
+    of it explains (``max_i a_ij / y_i``): times a coefficient's uncertainty, how far it
+    moves the prediction of the sample it matters most to."""
 
 
 def _window(streams: list[StreamTiming]) -> tuple[float, float]:
@@ -66,27 +108,30 @@ def _window(streams: list[StreamTiming]) -> tuple[float, float]:
     return start, end
 
 
-def collect_samples(results: list[ProbeResult], plan: ProbePlan, time_scale: float) -> Samples:
-    """TTFT and decode-segment samples from the probes (times × ``time_scale``)."""
-    ttft_by_prompt: dict[tuple[int, int], list[float]] = {}
-    gaps: list[tuple[int, float, float, float, float]] = []
-    discarded = 0
+def probe_samples(
+    results: list[ProbeResult], plan: ProbePlan, time_scale: float
+) -> list[ProbeSamples]:
+    """The samples of each probe (times × ``time_scale``), in the order they ran."""
+    out: list[ProbeSamples] = []
     k = plan.segment_steps
     for result in results:
         streams = [s for s in result.streams if len(s.token_times_s) >= 2]
         if len(streams) < len(result.streams):
             continue
         shape = result.shape
+        probe = ProbeSamples(shape=shape)
+        out.append(probe)
         if shape.concurrency == 1:
             (s,) = streams
             p = s.prompt_tokens
             chunks = math.ceil(p / plan.max_num_batched_tokens)
-            seconds = (s.token_times_s[0] - s.sent_s) * time_scale
-            ttft_by_prompt.setdefault((p, chunks), []).append(seconds)
+            probe.ttft = (p, chunks, (s.token_times_s[0] - s.sent_s) * time_scale)
         batch = len(streams)
         start, end = _window(streams)
         rows: list[tuple[float, float]] = []
-        for s in streams:
+        # Streams that never all decoded at once (a late first token, a busy host) have
+        # no common window: no decode segment.
+        for s in streams if start < end else ():
             times = s.token_times_s
             i0 = next(i for i, t in enumerate(times) if t >= start) + 1
             i1 = max(i for i, t in enumerate(times) if t <= end) - 1
@@ -104,18 +149,38 @@ def collect_samples(results: list[ProbeResult], plan: ProbePlan, time_scale: flo
         # probe whose segments scatter widely was disturbed throughout: drop it whole.
         values = np.asarray([g for _, g in rows])
         typical = float(np.median(values))
+        probe.typical_gap_s = typical
         if not typical > 0 or np.median(np.abs(values - typical)) > _PROBE_SCATTER * typical:
-            discarded += 1
+            probe.discarded = True
             continue
-        gaps.extend(
+        probe.gaps = [
             (batch, kv, g, 1.0 / batch, typical)
             for kv, g in rows
             if _PROBE_BAND[0] * typical <= g <= _PROBE_BAND[1] * typical
-        )
+        ]
+    return out
+
+
+def pool(probes: Sequence[ProbeSamples]) -> Samples:
+    """The fit's samples from a set of probes: every decode segment, and per prompt
+    length the fastest TTFT."""
+    ttft_by_prompt: dict[tuple[int, int], list[float]] = {}
+    gaps: list[tuple[int, float, float, float, float]] = []
+    for probe in probes:
+        if probe.ttft is not None:
+            p, chunks, seconds = probe.ttft
+            ttft_by_prompt.setdefault((p, chunks), []).append(seconds)
+        gaps.extend(probe.gaps)
     # Lateness (a busy client, server or machine) only ever adds time: the fastest
     # repeat is the closest to the engine's own time.
     ttft = [(p, c, min(ts)) for (p, c), ts in sorted(ttft_by_prompt.items())]
+    discarded = sum(1 for probe in probes if probe.discarded)
     return Samples(ttft=ttft, gaps=gaps, num_discarded_probes=discarded)
+
+
+def collect_samples(results: list[ProbeResult], plan: ProbePlan, time_scale: float) -> Samples:
+    """TTFT and decode-segment samples from the probes (times × ``time_scale``)."""
+    return pool(probe_samples(results, plan, time_scale))
 
 
 _PROBE_SCATTER = 0.15
@@ -153,6 +218,11 @@ def fit_step_time(samples: Samples) -> FitOutcome:
     Raises:
         ValueError: with too few samples to fit six unknowns.
     """
+    outcome, _ = _fit(samples)
+    return outcome
+
+
+def _fit(samples: Samples) -> tuple[FitOutcome, np.ndarray[Any, np.dtype[np.float64]]]:
     rows: list[list[float]] = []
     ys: list[float] = []
     weights: list[float] = []
@@ -161,7 +231,7 @@ def fit_step_time(samples: Samples) -> FitOutcome:
     # fraction of the TTFT: the prefill rows share one scale, their median.
     ttft_scale = float(np.median([t for _, _, t in samples.ttft])) if samples.ttft else 1.0
     for p, chunks, t in samples.ttft:
-        rows.append([chunks, p, p * (p + 1) / 2, 0.0, 0.0, 1.0])
+        rows.append([chunks, p, p * (p + 1) / 2, 0.0, 0.0, chunks])
         ys.append(t)
         weights.append(1.0)
         refs.append(ttft_scale)
@@ -196,15 +266,51 @@ def fit_step_time(samples: Samples) -> FitOutcome:
         keep &= ~outliers
     rel = rel[keep]
     step = AffineStepTime(
-        overhead_s=float(theta[0]),
-        per_prefill_token_s=float(theta[1]),
-        per_prefill_pair_s=float(theta[2]),
-        per_decode_seq_s=float(theta[3]),
-        per_decode_kv_token_s=float(theta[4]),
+        **{name: float(value) for name, value in zip(PARAMETERS, theta, strict=True)}
     )
-    return FitOutcome(
+    leverage = np.max(a[keep] / y[keep][:, None], axis=0)
+    outcome = FitOutcome(
         step_time=step,
-        request_overhead_s=float(theta[5]),
         rms_relative_error=float(np.sqrt(np.mean(rel**2))),
         max_relative_error=float(np.max(np.abs(rel))),
+        leverage={name: float(v) for name, v in zip(PARAMETERS, leverage, strict=True)},
     )
+    return outcome, theta
+
+
+def bootstrap_intervals(
+    probes: Sequence[ProbeSamples],
+    *,
+    resamples: int = 200,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, tuple[float, float]]:
+    """A ``confidence`` interval for each coefficient: refit ``resamples`` times on probes
+    drawn with replacement among the repeats of each shape, and take the percentiles.
+
+    Resamples too thin to fit (a shape's every repeat unusable) are skipped.
+
+    Raises:
+        ValueError: when no resample can be fitted.
+    """
+    rng = np.random.default_rng(seed)
+    by_shape: dict[tuple[str, int, int, int], list[ProbeSamples]] = {}
+    for probe in probes:
+        by_shape.setdefault(probe.shape.key, []).append(probe)
+    groups = list(by_shape.values())
+    thetas: list[np.ndarray[Any, np.dtype[np.float64]]] = []
+    for _ in range(resamples):
+        drawn = [g[int(i)] for g in groups for i in rng.integers(0, len(g), size=len(g))]
+        try:
+            _, theta = _fit(pool(drawn))
+        except ValueError:
+            continue
+        thetas.append(theta)
+    if not thetas:
+        raise ValueError(f"none of {resamples} resamples of the probes could be fitted")
+    tail = (1.0 - confidence) / 2 * 100
+    lows = np.percentile(np.asarray(thetas), tail, axis=0)
+    highs = np.percentile(np.asarray(thetas), 100 - tail, axis=0)
+    return {
+        name: (float(lo), float(hi)) for name, lo, hi in zip(PARAMETERS, lows, highs, strict=True)
+    }

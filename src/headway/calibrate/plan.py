@@ -1,15 +1,21 @@
-"""The probe design of ``headway calibrate``: which request shapes to send.
+"""The probe design of ``headway calibrate``: which request shapes to send, in what order.
 
-Two kinds of probe, run one after another on an otherwise idle endpoint:
+Two kinds of probe, run one at a time on an otherwise idle endpoint:
 
-- **prefill probes**: one request alone, for each prompt length, a few times. Its time to
-  first token is one engine step of the whole prompt (or ``ceil(P / budget)`` chunked
-  steps), so TTFT across prompt lengths separates the per-token and per-pair costs. The
-  rest of its stream gives decode steps of one sequence at long contexts.
+- **prefill probes**: one request alone, for each prompt length. Its time to first token
+  is one engine step of the whole prompt (or ``ceil(P / budget)`` chunked steps), so TTFT
+  across prompt lengths separates the per-token and per-pair costs. The rest of its
+  stream gives decode steps of one sequence at long contexts.
 - **decode probes**: ``B`` requests sent together, for each concurrency and prompt length.
   Once all have their first token and until the first ends, every step decodes exactly
   these ``B`` sequences, so the mean inter-token gap measures a decode step of ``B``
   sequences reading ``Σ context`` KV tokens.
+
+A noisy host changes speed over minutes, so the grid runs in ``rounds``: each round runs
+every shape once, prefill and decode probes interleaved (the order reversed every other
+round), so that a slow spell hits every kind of probe alike and shows as a spread between
+rounds, which the fit's confidence intervals see. A **reference** decode probe opens every
+round and closes the run: how much its step time moved is the drift check.
 
 Prompts are token-id lists (``/v1/completions`` accepts them), so their length is exact,
 and each starts with a unique token so that no prefix-cache hit shortens a prefill.
@@ -17,7 +23,8 @@ and each starts with a unique token so that no prefix-cache hit shortens a prefi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import zip_longest
 
 __all__ = ["DEFAULT_PLAN", "ProbePlan", "ProbeShape"]
 
@@ -27,28 +34,39 @@ class ProbeShape:
     """One probe: ``concurrency`` identical requests sent at once."""
 
     kind: str
-    """``prefill`` or ``decode``."""
+    """``prefill``, ``decode`` or ``reference`` (the decode probe of the drift check)."""
     prompt_tokens: int
     concurrency: int
     output_tokens: int
+    round: int = 0
+    """Which round of the grid it belongs to (the closing reference: ``rounds``)."""
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        """The shape without its round: probes with one key repeat one measurement."""
+        return (self.kind, self.prompt_tokens, self.concurrency, self.output_tokens)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbePlan:
     """The grid of probes (prompt lengths × concurrency × output lengths)."""
 
-    prefill_prompt_tokens: tuple[int, ...] = (256, 1024, 2048, 4096, 8192, 16384, 32768)
+    prefill_prompt_tokens: tuple[int, ...] = (
+        256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
+    )  # fmt: skip
     """Prompt lengths of the prefill probes. Long prompts pin the attention (per-pair)
-    cost; those that do not fit the endpoint's ``max_model_len`` are left out."""
-    prefill_output_tokens: int = 33
+    cost; those that do not fit the endpoint's ``max_model_len`` are left out (at least 3
+    must fit)."""
+    prefill_output_tokens: int = 25
     """Tokens each prefill probe generates (its gaps are 1-sequence decode steps)."""
-    prefill_repeats: int = 3
-    """Times each prefill probe runs."""
-    decode_concurrency: tuple[int, ...] = (2, 4, 8, 16, 32)
+    rounds: int = 3
+    """Times the whole grid runs, interleaved; the spread between rounds is what the
+    confidence intervals measure."""
+    decode_concurrency: tuple[int, ...] = (2, 8, 32)
     """Batch sizes of the decode probes."""
     decode_prompt_tokens: tuple[int, ...] = (128, 2048)
     """Context lengths of the decode probes."""
-    decode_output_tokens: int = 65
+    decode_output_tokens: int = 33
     """Tokens each decode probe request generates."""
     max_num_batched_tokens: int = 8192
     """The engine's step token budget (vLLM ``--max-num-batched-tokens``): a longer
@@ -61,7 +79,7 @@ class ProbePlan:
         checks = (
             ("prefill_prompt_tokens", all(p >= 1 for p in self.prefill_prompt_tokens)),
             ("prefill_output_tokens", self.prefill_output_tokens >= 2),
-            ("prefill_repeats", self.prefill_repeats >= 1),
+            ("rounds", self.rounds >= 1),
             ("decode_concurrency", all(b >= 1 for b in self.decode_concurrency)),
             ("decode_prompt_tokens", all(p >= 1 for p in self.decode_prompt_tokens)),
             ("decode_output_tokens", self.decode_output_tokens >= 2),
@@ -77,24 +95,53 @@ class ProbePlan:
                 f"the per-token and per-pair prefill costs (got {self.prefill_prompt_tokens})"
             )
 
+    def reference(self, max_model_len: int | None = None) -> ProbeShape:
+        """The drift check's probe: the middle decode concurrency at the shortest decode
+        context that fits."""
+        limit = max_model_len if max_model_len is not None else 2**62
+        fitting = [p for p in sorted(self.decode_prompt_tokens)
+                   if p + self.decode_output_tokens <= limit]  # fmt: skip
+        prompt = fitting[0] if fitting else min(self.decode_prompt_tokens)
+        batches = sorted(self.decode_concurrency)
+        return ProbeShape(kind="reference", prompt_tokens=prompt,
+                          concurrency=batches[len(batches) // 2],
+                          output_tokens=self.decode_output_tokens)  # fmt: skip
+
     def shapes(self, max_model_len: int | None = None) -> list[ProbeShape]:
         """Every probe, in the order they run; with ``max_model_len``, only those whose
-        prompt and output fit it."""
+        prompt and output fit it.
+
+        Raises:
+            ValueError: when fewer than 3 prefill prompt lengths fit ``max_model_len``.
+        """
         limit = max_model_len if max_model_len is not None else 2**62
-        out = [
-            ProbeShape(kind="prefill", prompt_tokens=p, concurrency=1,
-                       output_tokens=self.prefill_output_tokens)
-            for _ in range(self.prefill_repeats)
-            for p in self.prefill_prompt_tokens
-            if p + self.prefill_output_tokens <= limit
-        ]  # fmt: skip
-        out.extend(
-            ProbeShape(kind="decode", prompt_tokens=p, concurrency=b,
-                       output_tokens=self.decode_output_tokens)
-            for p in self.decode_prompt_tokens
-            for b in self.decode_concurrency
-            if p + self.decode_output_tokens <= limit
-        )  # fmt: skip
+        prefill = [p for p in self.prefill_prompt_tokens if p + self.prefill_output_tokens <= limit]
+        if len(set(prefill)) < 3:
+            raise ValueError(
+                f"only {len(set(prefill))} of the prefill prompt lengths "
+                f"{list(self.prefill_prompt_tokens)} fit the endpoint's max_model_len "
+                f"({max_model_len}) with {self.prefill_output_tokens} output tokens; give "
+                "--prefill-prompt-tokens with at least 3 shorter lengths"
+            )
+        decode = [(p, b) for p in self.decode_prompt_tokens for b in self.decode_concurrency
+                  if p + self.decode_output_tokens <= limit]  # fmt: skip
+        reference = self.reference(max_model_len)
+        out: list[ProbeShape] = []
+        for r in range(self.rounds):
+            one = [
+                ProbeShape(kind="prefill", prompt_tokens=p, concurrency=1,
+                           output_tokens=self.prefill_output_tokens, round=r)
+                for p in prefill
+            ]  # fmt: skip
+            two = [
+                ProbeShape(kind="decode", prompt_tokens=p, concurrency=b,
+                           output_tokens=self.decode_output_tokens, round=r)
+                for p, b in decode
+            ]  # fmt: skip
+            mixed = [s for pair in zip_longest(one, two) for s in pair if s is not None]
+            out.append(replace(reference, round=r))
+            out.extend(mixed if r % 2 == 0 else mixed[::-1])
+        out.append(replace(reference, round=self.rounds))
         return out
 
 

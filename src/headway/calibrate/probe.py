@@ -1,10 +1,11 @@
 """Send the probes of a :class:`~headway.calibrate.plan.ProbePlan` and time their streams.
 
-Each request is a streamed ``/v1/completions`` call with a token-id prompt, ``max_tokens``
-and ``ignore_eos`` (so the engine generates exactly that many tokens), and
+Each request is a streamed ``/v1/completions`` call with a token-id prompt (ids of words
+the server's tokenizer has, from its ``/tokenize``: :mod:`headway.server_vocabulary`),
+``max_tokens`` and ``ignore_eos`` (so the engine generates exactly that many tokens), and
 ``stream_options.include_usage``. The time of every content chunk is taken on receipt with
 ``time.perf_counter``; a chunk is one token (what vLLM, SGLang and the emulator send
-without speculative decoding).
+without speculative decoding), also when its text is empty (:mod:`headway.stream_tokens`).
 """
 
 from __future__ import annotations
@@ -14,19 +15,23 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
+from headway.calibrate.engine_settings import read_engine_settings
 from headway.calibrate.plan import ProbePlan, ProbeShape
+from headway.calibrate.profile import EngineSettings
 from headway.core.errors import HeadwayError
+from headway.server_vocabulary import read_vocabulary
+from headway.stream_tokens import is_token_choice
 
 __all__ = ["EndpointInfo", "ProbeError", "ProbeResult", "StreamTiming", "discover", "run_probes"]
 
 _FIRST_PROMPT_ID = 1000
 _PROMPT_ID_SPAN = 29000
-"""Prompt token ids are drawn from ``1000 .. 29999``: ordinary tokens in every common
-vocabulary (32k and up)."""
+"""Without the server's vocabulary, prompt token ids are drawn from ``1000 .. 29999``:
+ordinary tokens in every common vocabulary of 32k and up."""
 
 
 class ProbeError(HeadwayError):
@@ -65,6 +70,8 @@ class EndpointInfo:
     """Engine seconds per wall second: an emulator's ``speedup`` (``/version``), else 1."""
     max_model_len: int | None
     """Longest prompt + output the model takes (vLLM lists it in ``/v1/models``)."""
+    engine_settings: EngineSettings = field(default_factory=EngineSettings)
+    """The scheduler and KV-cache settings the endpoint exposes."""
 
 
 async def discover(session: aiohttp.ClientSession, target: str, model: str | None) -> EndpointInfo:
@@ -111,7 +118,12 @@ async def discover(session: aiohttp.ClientSession, target: str, model: str | Non
     )
 
 
-def _prompt(rng: random.Random, length: int, serial: int) -> list[int]:
+def _prompt(
+    rng: random.Random, length: int, serial: int, ids: tuple[int, ...] | None = None
+) -> list[int]:
+    """A token-id prompt; ``ids``: ids the server's tokenizer has (else a common range)."""
+    if ids:
+        return [ids[serial % len(ids)], *rng.choices(ids, k=length - 1)]
     first = _FIRST_PROMPT_ID + serial % _PROMPT_ID_SPAN
     return [first, *(rng.randrange(_FIRST_PROMPT_ID, _FIRST_PROMPT_ID + _PROMPT_ID_SPAN)
                      for _ in range(length - 1))]  # fmt: skip
@@ -147,8 +159,10 @@ async def _one(
             if payload == b"[DONE]":
                 break
             chunk = json.loads(payload)
+            if "error" in chunk:  # vLLM refuses a bad prompt with an error event in a 200
+                raise ProbeError(f"{url} streamed an error to a probe: {payload[:300]!r}")
             choices = chunk.get("choices") or []
-            if choices and choices[0].get("text"):
+            if choices and is_token_choice(choices[0]):
                 times.append(now)
             usage = chunk.get("usage")
             if usage:
@@ -166,8 +180,8 @@ async def run_probes(
     seed: int = 0,
     progress: Callable[[int, int, ProbeShape], None] | None = None,
 ) -> tuple[EndpointInfo, list[ProbeResult]]:
-    """Discover the endpoint, warm it up, and run every probe of ``plan`` that fits the
-    model's length limit, in order."""
+    """Discover the endpoint and its settings, warm it up, and run every probe of ``plan``
+    that fits the model's length limit, in order."""
     target = target.rstrip("/")
     most = max(plan.decode_concurrency, default=1)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout_s)
@@ -177,12 +191,19 @@ async def run_probes(
     results: list[ProbeResult] = []
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         info = await discover(session, target, model)
-        shapes = plan.shapes(info.max_model_len)
+        settings = await read_engine_settings(session, target, info.max_model_len)
+        info = replace(info, engine_settings=settings)
+        vocabulary = await asyncio.to_thread(read_vocabulary, target, info.model)
+        ids = vocabulary.word_ids if vocabulary is not None else None
+        try:
+            shapes = plan.shapes(info.max_model_len)
+        except ValueError as error:
+            raise ProbeError(str(error)) from None
         url = f"{target}/v1/completions"
         # Warm-up: open the connections and let the engine reach its steady state.
         start = asyncio.Event()
         warm = [
-            _one(session, url, info.model, _prompt(rng, 16, serial + i), 4, start)
+            _one(session, url, info.model, _prompt(rng, 16, serial + i, ids), 4, start)
             for i in range(most)
         ]
         serial += most
@@ -194,7 +215,7 @@ async def run_probes(
             start = asyncio.Event()
             calls = []
             for _ in range(shape.concurrency):
-                prompt = _prompt(rng, shape.prompt_tokens, serial)
+                prompt = _prompt(rng, shape.prompt_tokens, serial, ids)
                 serial += 1
                 calls.append(_one(session, url, info.model, prompt, shape.output_tokens, start))
             tasks = [asyncio.ensure_future(c) for c in calls]

@@ -5,18 +5,23 @@
  "model": "llama-3-8b", "engine": "vllm 0.11.0", "hardware": "H100-SXM",
  "created_utc": "2026-11-29T15:00:00Z", "target": "http://127.0.0.1:8000",
  "step_time": {"overhead_s": 0.005, "per_prefill_token_s": 6e-05, "per_prefill_pair_s": 2e-09,
-               "per_decode_seq_s": 0.00025, "per_decode_kv_token_s": 3e-07},
- "request_overhead_s": 0.0012,
+               "per_decode_seq_s": 0.00025, "per_decode_kv_token_s": 3e-07,
+               "per_prefill_seq_s": 0.0012},
+ "engine_settings": {"block_size": 16, "num_gpu_blocks": 27000, ...},
  "fit": {...}}
 ```
 
 ``step_time`` is an :class:`~headway.core.engine.steptime.AffineStepTime`; the rest says
-where it came from. A cluster file takes it as ``profile: path/to/profile.json`` (relative
-to the cluster file), or inline as ``profile: {overhead_s: ..., ...}``.
+where it came from and what the engine said of its settings. A profile of an older
+headway has a ``request_overhead_s`` beside ``step_time``: it is read as
+``step_time.per_prefill_seq_s``, what it measured. A cluster file takes it as
+``profile: path/to/profile.json`` (relative to the cluster file), or inline as
+``profile: {overhead_s: ..., ...}``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +30,45 @@ import msgspec
 from headway.core.engine.steptime import AffineStepTime
 from headway.core.errors import ConfigError, config_error
 
-__all__ = ["PROFILE_FORMAT", "FitSummary", "Profile", "read_profile", "write_profile"]
+__all__ = [
+    "PROFILE_FORMAT",
+    "EngineSettings",
+    "FitSummary",
+    "ParameterFit",
+    "Profile",
+    "read_profile",
+    "write_profile",
+]
 
 PROFILE_FORMAT = "headway-profile/1"
+
+
+class ParameterFit(msgspec.Struct, frozen=True, kw_only=True):
+    """One fitted coefficient and how well the probes pin it."""
+
+    value: float
+    ci_low: float
+    """Lower end of its 95% confidence interval (bootstrap over the probes' repeats)."""
+    ci_high: float
+    ci_impact: float
+    """Half the interval times the coefficient's leverage: the share of a sample's time
+    its uncertainty moves (``--max-ci-impact`` bounds it)."""
+
+
+class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The engine's scheduler and KV-cache settings, as far as it exposes them; ``None``:
+    not exposed and not given. ``sources`` says where each came from."""
+
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    max_model_len: int | None = None
+    sources: dict[str, str] = msgspec.field(default_factory=dict)
+    """Per setting: ``metrics`` (``vllm:cache_config_info``), ``server_info`` (vLLM's
+    ``/server_info``, in its dev mode), ``models`` (``/v1/models``) or ``flag``."""
 
 
 class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +88,17 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Engine seconds per measured wall second (an emulator's ``speedup``, else 1)."""
     wall_s: float = 0.0
     """How long the probing took."""
+    num_rounds: int = 0
+    """Times the probe grid ran."""
+    parameters: dict[str, ParameterFit] = msgspec.field(default_factory=dict)
+    """Each coefficient with its confidence interval."""
+    reference_step_s: list[float] = msgspec.field(default_factory=list)
+    """The reference probe's median decode step, at the start of each round and at the
+    end (engine seconds)."""
+    drift: float = 0.0
+    """Largest relative change of ``reference_step_s`` from its first value."""
+    problems: list[str] = msgspec.field(default_factory=list)
+    """Why the fit is not to be trusted (empty: it passed the checks)."""
 
 
 class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -66,8 +118,10 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     step_time: AffineStepTime
     """The fitted step-time model."""
     request_overhead_s: float = 0.0
-    """Time a request spends outside engine steps before its first token (HTTP, tokenizing,
-    queueing into the engine): measured TTFT minus the first step. Not simulated."""
+    """Older profiles only: the per-request part of a lone request's TTFT, now
+    ``step_time.per_prefill_seq_s`` (read into it; written as 0)."""
+    engine_settings: EngineSettings = EngineSettings()
+    """What the engine said of its settings (what the cluster file it wrote holds)."""
     fit: FitSummary = FitSummary()
     plan: dict[str, Any] = msgspec.field(default_factory=dict)
     """The probe design that produced it."""
@@ -99,6 +153,9 @@ def parse_profile(raw: bytes | str, source: str) -> Profile:
         ) from None
     except ValueError as error:  # AffineStepTime checks its coefficients
         raise ConfigError(f"{source}: $.step_time: {error}", path="$.step_time") from None
+    if profile.request_overhead_s > 0 and profile.step_time.per_prefill_seq_s == 0:
+        step = dataclasses.replace(profile.step_time, per_prefill_seq_s=profile.request_overhead_s)
+        profile = msgspec.structs.replace(profile, step_time=step, request_overhead_s=0.0)
     if profile.format != PROFILE_FORMAT:
         raise ConfigError(
             f"{source}: $.format: {profile.format!r} is not {PROFILE_FORMAT!r}; recalibrate "

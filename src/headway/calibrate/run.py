@@ -1,18 +1,33 @@
-"""Calibrate an endpoint: probe it, fit the step-time model, build the profile.
-The library entry point of ``headway calibrate``."""
+"""Calibrate an endpoint: probe it, fit the step-time model, judge the fit, build the
+profile. The library entry point of ``headway calibrate``."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from headway.calibrate.fit import collect_samples, fit_step_time
+from headway.calibrate.engine_settings import with_flags
+from headway.calibrate.fit import (
+    PARAMETERS,
+    bootstrap_intervals,
+    fit_step_time,
+    pool,
+    probe_samples,
+)
 from headway.calibrate.plan import DEFAULT_PLAN, ProbePlan, ProbeShape
 from headway.calibrate.probe import run_probes
-from headway.calibrate.profile import FitSummary, Profile
+from headway.calibrate.profile import FitSummary, ParameterFit, Profile
+from headway.calibrate.trust import (
+    DEFAULT_LIMITS,
+    TrustLimits,
+    ci_impacts,
+    problems,
+    reference_drift,
+)
 
 __all__ = ["calibrate"]
 
@@ -25,17 +40,35 @@ def calibrate(
     time_scale: float | None = None,
     hardware: str = "",
     progress: Callable[[int, int, ProbeShape], None] | None = None,
+    limits: TrustLimits = DEFAULT_LIMITS,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    resamples: int = 200,
 ) -> Profile:
-    """Probe ``target`` with ``plan`` and fit a profile.
+    """Probe ``target`` with ``plan``, fit a profile and check it against ``limits``
+    (``profile.fit.problems`` lists what failed; empty when it can be trusted).
 
     ``time_scale`` converts measured wall seconds to engine seconds; ``None`` takes the
-    endpoint's own (an emulator's ``speedup`` from ``/version``), else 1.
+    endpoint's own (an emulator's ``speedup`` from ``/version``), else 1. The engine's
+    step budget is what it exposes, else ``max_num_batched_tokens``, else the plan's.
     """
     started = time.perf_counter()
     info, results = asyncio.run(run_probes(target, plan, model=model, progress=progress))
+    settings = with_flags(
+        info.engine_settings,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    if settings.max_num_batched_tokens is not None:
+        plan = dataclasses.replace(plan, max_num_batched_tokens=settings.max_num_batched_tokens)
     scale = time_scale if time_scale is not None else info.time_scale
-    samples = collect_samples(results, plan, scale)
+    probes = probe_samples(results, plan, scale)
+    samples = pool(probes)
     fit = fit_step_time(samples)
+    intervals = bootstrap_intervals(probes, resamples=resamples)
+    impacts = ci_impacts(intervals, fit.leverage)
+    values = {name: getattr(fit.step_time, name) for name in PARAMETERS}
+    steps_s, drift = reference_drift(probes)
     return Profile(
         model=info.model,
         engine=info.engine,
@@ -43,7 +76,7 @@ def calibrate(
         created_utc=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         target=target,
         step_time=fit.step_time,
-        request_overhead_s=fit.request_overhead_s,
+        engine_settings=settings,
         fit=FitSummary(
             num_ttft_samples=len(samples.ttft),
             num_gap_samples=len(samples.gaps),
@@ -52,6 +85,26 @@ def calibrate(
             num_discarded_probes=samples.num_discarded_probes,
             time_scale=scale,
             wall_s=time.perf_counter() - started,
+            num_rounds=plan.rounds,
+            parameters={
+                name: ParameterFit(
+                    value=values[name],
+                    ci_low=intervals[name][0],
+                    ci_high=intervals[name][1],
+                    ci_impact=impacts[name],
+                )
+                for name in PARAMETERS
+            },
+            reference_step_s=steps_s,
+            drift=drift,
+            problems=problems(
+                steps_s=steps_s,
+                drift=drift,
+                intervals=intervals,
+                impacts=impacts,
+                values=values,
+                limits=limits,
+            ),
         ),
         plan={k: list(v) if isinstance(v, tuple) else v for k, v in asdict(plan).items()},
     )

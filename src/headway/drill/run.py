@@ -110,7 +110,7 @@ class _Sampler:
     async def run(self) -> None:
         while True:
             engines = await scrape_all(self.session, self.stack.engine_urls)
-            gateways = await scrape_all(self.session, self.stack.gateway_urls)
+            gateways = await _gateway_metrics(self.session, self.stack)
             s = self.series
             s["t_s"].append(round(time.monotonic() - self.start, 3))
             s["kv_usage"].append(

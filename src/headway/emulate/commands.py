@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -26,9 +28,13 @@ from headway.data import load_efficiency_table
 from headway.emulate.faults import FaultState, FaultUpdate, ScaledStepTime, parse_fault_flag
 from headway.files.workload import read_yaml
 from headway.sim.cluster import ClusterSpec, build_replica, parse_cluster, step_time_model
+from headway.tcp_port import port_number
 
 if TYPE_CHECKING:
     from headway.emulate.server import EmulatorServer
+
+ADMIN_TOKEN_ENV = "HEADWAY_EMULATOR_ADMIN_TOKEN"
+"""Where ``--admin-token`` defaults from (an environment variable keeps it out of ``ps``)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--cluster", type=Path, default=None, help="a cluster file (one replica)")
     p.add_argument("--profile", type=Path, default=None, help="a profile from `calibrate`")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    p.add_argument("--port", type=port_number, default=0, help="port (default 0: a free one)")
     p.add_argument("--speedup", type=float, default=1.0,
                    help="engine seconds per wall second (default 1; >1 for tests)")  # fmt: skip
     p.add_argument("--served-model-name", action="append", default=[],
@@ -57,11 +63,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="engine max_num_batched_tokens")  # fmt: skip
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output accepted (default: the model's context "
+                   "length, at most the KV pool), as vLLM's --max-model-len")  # fmt: skip
     p.add_argument("--prefix-caching", action="store_true",
                    help="hash prompt blocks so equal prefixes (and cache_salt) hit the prefix "
                    "cache, as vLLM does (default: off, every prompt block is new)")  # fmt: skip
     p.add_argument("--fault", action="append", default=[], metavar="NAME=VALUE",
                    help="a fault knob at start, e.g. slowdown_factor=3 (repeatable)")  # fmt: skip
+    p.add_argument("--admin-token", default=os.environ.get(ADMIN_TOKEN_ENV),
+                   help="bearer token that /admin/faults requires (default: the "
+                   f"{ADMIN_TOKEN_ENV} environment variable; unset: /admin/faults is "
+                   "open)")  # fmt: skip
+    p.add_argument("--header-timeout-s", type=float, default=10.0,
+                   help="a request's headers must arrive in this (408; default 10)")  # fmt: skip
+    p.add_argument("--body-timeout-s", type=float, default=30.0,
+                   help="its body within this after them (408; default 30)")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="open client connections; one more gets 503 (default 1000)")  # fmt: skip
     p.set_defaults(handler=_emulate)
 
 
@@ -102,7 +121,13 @@ def cluster_for(args: argparse.Namespace) -> ClusterSpec:
 def build_server(args: argparse.Namespace) -> tuple[EmulatorServer, list[FaultUpdate]]:
     """The server the flags describe (not started) and its start-up faults."""
     # aiohttp loads only for this verb: other verbs start faster without it.
-    from headway.emulate.server import EmulatorServer, EmulatorSettings, served_names
+    from headway.emulate.server import (
+        MAX_BODY_BYTES,
+        EmulatorServer,
+        EmulatorSettings,
+        served_names,
+    )
+    from headway.http_boundary import BoundaryLimits
 
     if not (args.speedup > 0):
         raise ConfigError(f"--speedup must be > 0 (got {args.speedup})", path="--speedup")
@@ -110,6 +135,12 @@ def build_server(args: argparse.Namespace) -> tuple[EmulatorServer, list[FaultUp
         raise ConfigError(
             f"--default-max-tokens must be >= 1 (got {args.default_max_tokens})",
             path="--default-max-tokens",
+        )
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise ConfigError(
+            f"--max-model-len must be >= 1 (got {args.max_model_len}); omit it for the "
+            "model's context length",
+            path="--max-model-len",
         )
     spec = cluster_for(args)
     faults = FaultState()
@@ -121,12 +152,31 @@ def build_server(args: argparse.Namespace) -> tuple[EmulatorServer, list[FaultUp
         served_model_names=served_names(spec.model, args.served_model_name),
         revision=args.revision,
         vocab_size=model.vocab_size,
+        max_model_len=args.max_model_len or model.max_position_embeddings,
         default_max_tokens=args.default_max_tokens,
         hardware=f"{spec.tensor_parallel}x {get_gpu(spec.gpu).name}",
         step_time=str(args.profile) if args.profile is not None else spec.step_time,
         prefix_caching=args.prefix_caching,
     )
-    server = EmulatorServer(replica, settings, speedup=args.speedup, faults=faults)
+    for flag, value in (("--header-timeout-s", args.header_timeout_s),
+                        ("--body-timeout-s", args.body_timeout_s)):  # fmt: skip
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{flag} must be a number of seconds > 0 (got {value})", path=flag)
+    if args.max_connections < 1:
+        raise ConfigError(
+            f"--max-connections must be >= 1 (got {args.max_connections})", path="--max-connections"
+        )
+    limits = BoundaryLimits(
+        header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+        max_connections=args.max_connections, max_body_bytes=MAX_BODY_BYTES,
+    )  # fmt: skip
+    if args.admin_token is not None and not args.admin_token.strip():
+        raise ConfigError("--admin-token must not be empty; omit it to leave /admin/faults "
+                          "open", path="--admin-token")  # fmt: skip
+    server = EmulatorServer(
+        replica, settings, speedup=args.speedup, faults=faults, admin_token=args.admin_token,
+        limits=limits,
+    )  # fmt: skip
     return server, updates
 
 
@@ -144,7 +194,7 @@ async def serve(
     s = server.settings
     sys.stdout.write(
         f"headway emulate: serving {s.served_model_names[0]} at {url} "
-        f"(speedup {server.engine.speedup:g}, max_model_len {server.engine.max_model_len})\n"
+        f"(speedup {server.engine.speedup:g}, max_model_len {server.max_model_len})\n"
     )
     sys.stdout.flush()
     try:

@@ -134,6 +134,8 @@ class MetricsRegistry:
         self.histograms: dict[str, Histogram] = {}
         self.finished: dict[str, Counter] = {}
         """``vllm:request_success_total`` by ``finished_reason``."""
+        self.infos: dict[str, tuple[str, dict[str, str]]] = {}
+        """Info metrics: a gauge of 1 whose labels carry a configuration."""
 
     def counter(self, name: str, help_text: str) -> Counter:
         """Register a counter."""
@@ -149,6 +151,11 @@ class MetricsRegistry:
         h = self.histograms[name] = Histogram(name, help_text, bounds)
         return h
 
+    def info(self, name: str, help_text: str, labels: dict[str, str]) -> None:
+        """Register an info metric: a gauge of 1 labelled with ``labels`` (as vLLM's
+        ``vllm:cache_config_info``, without the ``model_name`` label)."""
+        self.infos[name] = (help_text, labels)
+
     def request_finished(self, reason: str) -> None:
         """Count a finished request by reason (``length``, ``stop`` or ``abort``)."""
         c = self.finished.get(reason)
@@ -162,6 +169,10 @@ class MetricsRegistry:
         lines: list[str] = []
         for g in self.gauges.values():
             lines.extend(g.render(labels))
+        for name, (help_text, info_labels) in self.infos.items():
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} gauge")
+            lines.append(f"{name}{_labels(info_labels)} 1")
         for c in self.counters.values():
             lines.extend(c.render(labels))
         lines.append("# HELP vllm:request_success_total Count of finished requests by reason.")

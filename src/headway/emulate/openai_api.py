@@ -138,18 +138,23 @@ def _temperature(body: Mapping[str, object]) -> float:
     return float(value)
 
 
-def _prompt_tokens_of_ids(ids: Sequence[object], param: str) -> tuple[int, tuple[int, ...]]:
+def _prompt_tokens_of_ids(
+    ids: Sequence[object], param: str, vocab_size: int | None
+) -> tuple[int, tuple[int, ...]]:
     if not ids:
         raise ApiError(400, f"`{param}` is empty; send at least one token", param=param)
+    top = vocab_size if vocab_size is not None else 2**63
     for i, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < top:
+            below = f" below the vocabulary size {vocab_size}" if vocab_size is not None else ""
             raise _type_error(
-                f"{param}[{i}]", token, "a token id (an integer >= 0)", "send text or token ids"
-            )
+                f"{param}[{i}]", token, f"a token id (an integer >= 0{below})",
+                "send text or token ids of this model",
+            )  # fmt: skip
     return len(ids), tuple(ids)  # type: ignore[arg-type]
 
 
-def _completion_prompt(body: Mapping[str, object]) -> tuple[int, object]:
+def _completion_prompt(body: Mapping[str, object], vocab_size: int | None) -> tuple[int, object]:
     if "prompt" not in body:
         raise ApiError(
             400,
@@ -171,7 +176,7 @@ def _completion_prompt(body: Mapping[str, object]) -> tuple[int, object]:
                 param="prompt",
                 code="invalid_value",
             )
-        n, ids = _prompt_tokens_of_ids(prompt, "prompt")
+        n, ids = _prompt_tokens_of_ids(prompt, "prompt", vocab_size)
         return n, ("ids", ids)
     raise _type_error(
         "prompt", prompt, "a string or a list of token ids", "send the text to complete"
@@ -237,8 +242,10 @@ def _content_text(content: object, where: str) -> str:
     raise _type_error(where, content, "a string or a list of text parts", "send the text")
 
 
-def parse_request(kind: Kind, raw: bytes, served_models: Sequence[str]) -> GenerationRequest:
-    """Validate a request body.
+def parse_request(
+    kind: Kind, raw: bytes, served_models: Sequence[str], vocab_size: int | None = None
+) -> GenerationRequest:
+    """Validate a request body (token ids must be below ``vocab_size``, as vLLM checks).
 
     Raises:
         ApiError: 400 for a malformed body or field, 404 for a model not served.
@@ -290,7 +297,7 @@ def parse_request(kind: Kind, raw: bytes, served_models: Sequence[str]) -> Gener
         )
     fix = "set the number of tokens to generate, or omit it"
     if kind == "completion":
-        num_prompt_tokens, prompt_key = _completion_prompt(body)
+        num_prompt_tokens, prompt_key = _completion_prompt(body, vocab_size)
         max_tokens = _optional_int(body, "max_tokens", minimum=1, fix=fix)
         if _optional_bool(body, "echo"):
             raise ApiError(400, "`echo: true` is not emulated; omit it", param="echo")

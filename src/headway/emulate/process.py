@@ -7,6 +7,7 @@ on a free loopback port, waits for the URL line it prints, and stops it with SIG
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from headway.server_process import ServerProcess
@@ -19,3 +20,9 @@ class EmulatorProcess(ServerProcess):
 
     def __init__(self, args: Sequence[str] = ()) -> None:
         super().__init__("emulate", ["--host", "127.0.0.1", "--port", "0", *args])
+
+    def secrets(self) -> list[str]:
+        """Its ``--admin-token`` (or ``--admin-token=TOKEN``)."""
+        args = self.args
+        found = [b for a, b in itertools.pairwise(args) if a == "--admin-token"]
+        return found + [a.split("=", 1)[1] for a in args if a.startswith("--admin-token=")]

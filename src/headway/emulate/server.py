@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -33,7 +34,8 @@ from headway.emulate.openai_api import ApiError, GenerationRequest, error_body, 
 from headway.emulate.openapi import openapi_document
 from headway.emulate.tokens import OutputTokens, prompt_block_hashes, token_text
 from headway.emulate.wallclock import Generation, WallClockEngine
-from headway.http_errors import openai_shaped_errors, too_large_response
+from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
+from headway.http_errors import error_response, openai_shaped_errors, too_large_response
 
 __all__ = ["CRASH_EXIT_CODE", "EmulatorServer", "EmulatorSettings"]
 
@@ -67,6 +69,10 @@ class EmulatorSettings:
     """The model revision: output tokens (the fingerprint) depend on it."""
     vocab_size: int
     """Token ids are drawn below this."""
+    max_model_len: int | None = None
+    """The longest prompt + output accepted and listed in ``/v1/models``, as vLLM's
+    ``max_model_len``: the model's context length or ``--max-model-len`` (None: the KV
+    pool). Never more than the KV pool holds (vLLM would refuse to start)."""
     default_max_tokens: int = 128
     """Mean output length when a request has no ``max_tokens``."""
     hardware: str = ""
@@ -89,13 +95,26 @@ class EmulatorServer:
         *,
         speedup: float = 1.0,
         faults: FaultState | None = None,
+        admin_token: str | None = None,
+        limits: BoundaryLimits | None = None,
     ) -> None:
         self.settings = settings
+        self.admin_token = admin_token
+        """Bearer token of ``/admin/faults`` (None: open, for drills on loopback)."""
+        self.limits = limits or BoundaryLimits(max_body_bytes=MAX_BODY_BYTES)
         self.faults = faults if faults is not None else FaultState()
         self.metrics = MetricsRegistry(settings.served_model_names[0])
         self.engine = WallClockEngine(
             replica, speedup=speedup, faults=self.faults, metrics=self.metrics
         )
+        config = replica.config
+        # vLLM labels its CacheConfig's fields with str(value): True, None, 16.
+        self.metrics.info("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", {
+            "block_size": str(config.block_size), "cache_dtype": "auto",
+            "enable_prefix_caching": str(config.enable_prefix_caching),
+            "num_gpu_blocks": str(replica.scheduler.pool.num_blocks),
+            "num_gpu_blocks_override": "None", "engine": "0",
+        })  # fmt: skip
         self._requests = self.metrics.counter(
             "headway_emulator_http_requests_total", "Generation requests received."
         )
@@ -104,7 +123,10 @@ class EmulatorServer:
         )
         self.app = web.Application(
             client_max_size=MAX_BODY_BYTES,
-            middlewares=[openai_shaped_errors(_ROUTES, MAX_BODY_BYTES, "server")],
+            middlewares=[
+                openai_shaped_errors(_ROUTES, MAX_BODY_BYTES, "server"),
+                boundary_middleware(self.limits, "server"),
+            ],
         )
         self.app.router.add_post("/v1/completions", self._completions)
         self.app.router.add_post("/v1/chat/completions", self._chat)
@@ -116,7 +138,7 @@ class EmulatorServer:
         self.app.router.add_get("/admin/faults", self._get_faults)
         self.app.router.add_post("/admin/faults", self._post_faults)
         self.app.router.add_delete("/admin/faults", self._delete_faults)
-        self._runner: web.AppRunner | None = None
+        self._runner: BoundaryRunner | None = None
         self._site: web.TCPSite | None = None
         self._host = "127.0.0.1"
         self._port = 0
@@ -136,12 +158,13 @@ class EmulatorServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Bind, start the engine loop, apply start-up faults; return the URL."""
-        self._runner = web.AppRunner(
-            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-        )
+        self._runner = BoundaryRunner(
+            self.app, self.limits, access_log=None, handler_cancellation=True,
+            shutdown_timeout=1.0,
+        )  # fmt: skip
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True, backlog=1024)
-        await site.start()
+        await listen(site, host, port)
         self._site = site
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -223,10 +246,30 @@ class EmulatorServer:
         await site.start()
         self._site = site
 
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        """401 unless ``Authorization: Bearer ADMIN_TOKEN`` (when a token is set)."""
+        token = self.admin_token
+        if token is None:
+            return None
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if hmac.compare_digest(key.encode(), token.encode()):
+            return None
+        return error_response(
+            401, "wrong or missing admin token: send `Authorization: Bearer ADMIN_TOKEN` "
+            "(the emulator's --admin-token)", code="invalid_api_key",
+        )  # fmt: skip
+
     async def _get_faults(self, request: web.Request) -> web.Response:
+        refused = self._admin_refusal(request)
+        if refused is not None:
+            return refused
         return web.json_response(self.faults.view(time.monotonic()))
 
     async def _post_faults(self, request: web.Request) -> web.Response:
+        refused = self._admin_refusal(request)
+        if refused is not None:
+            return refused
         raw = await request.read()
         try:
             update = msgspec.json.decode(raw or b"{}", type=FaultUpdate)
@@ -243,6 +286,9 @@ class EmulatorServer:
         return web.json_response(self.faults.view(time.monotonic()))
 
     async def _delete_faults(self, request: web.Request) -> web.Response:
+        refused = self._admin_refusal(request)
+        if refused is not None:
+            return refused
         self.apply_faults(
             FaultUpdate(stall=False, slowdown_factor=1.0, corrupt_fingerprint=False,
                         delay_s=0.0, refuse_connections_s=0.0)
@@ -251,13 +297,20 @@ class EmulatorServer:
         self._arm_faults()
         return web.json_response(self.faults.view(time.monotonic()))
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output this server takes (see ``EmulatorSettings``)."""
+        pool = self.engine.max_model_len
+        limit = self.settings.max_model_len
+        return pool if limit is None else min(limit, pool)
+
     # ----------------------------------------------------------------- info routes
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": "headway",
-             "root": name, "max_model_len": self.engine.max_model_len}
+             "root": name, "max_model_len": self.max_model_len}
             for name in self.settings.served_model_names
         ]  # fmt: skip
         return web.json_response({"object": "list", "data": data})
@@ -320,8 +373,9 @@ class EmulatorServer:
             return _too_large_response()
         try:
             parsed = parse_request(
-                "chat" if kind == "chat" else "completion", raw, self.settings.served_model_names
-            )
+                "chat" if kind == "chat" else "completion", raw,
+                self.settings.served_model_names, self.settings.vocab_size,
+            )  # fmt: skip
             index = self._count
             self._count += 1
             num_out, stop_reason = parsed.output_tokens(self.settings.default_max_tokens, index)
@@ -360,7 +414,7 @@ class EmulatorServer:
                 self.engine.abort(gen)
 
     def _check_length(self, parsed: GenerationRequest, num_out: int) -> None:
-        limit = self.engine.max_model_len
+        limit = self.max_model_len
         if parsed.num_prompt_tokens + num_out > limit:
             param = "messages" if parsed.kind == "chat" else "prompt"
             raise ApiError(

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from headway.core.workload.compile import compile_workload
+from headway.core.workload.validate import unbounded_classes
 from headway.files.reference import workload_json_schema
 from headway.files.workload import load_workload
 
@@ -23,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = verbs.add_parser(
         "check",
         help="validate a workload and summarise one compiled run",
-        description="Validate a workload file and compile one run to show what it asks for.",
+        description="Validate a workload file and compile one run to show what it asks "
+        "for; warns about a class without a latency SLO.",
     )
     check.add_argument("workload", metavar="WORKLOAD")
     check.add_argument("--seed", type=int, default=None, help="run seed (default: the file's)")
@@ -52,6 +54,13 @@ def _check(args: argparse.Namespace) -> int:
             f"{run.call_output_tokens[calls].mean():.0f}" if n_calls else "—",
         )
     Console().print(table)
+    for name in unbounded_classes(loaded.spec):
+        sys.stderr.write(
+            f"headway: warning: classes.{name}.slo names no latency bound (ttft_s, tpot_s "
+            "or e2e_s): every latency meets it, so `plan` and `sweep --search` refuse the "
+            f"file until a class has one; add e.g. `classes.{name}.slo: {{ttft_s: 2.0, "
+            "tpot_s: 0.1}`\n"
+        )
     return 0
 
 

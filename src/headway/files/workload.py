@@ -209,7 +209,9 @@ def _check_named_sections(data: dict[str, Any], source: str) -> None:
             try:
                 msgspec.convert(value, kind)
             except msgspec.ValidationError as error:
-                prefix = f"$.{section}.{key}"
+                # A backtick in the key would end msgspec's `...` path early: shown escaped.
+                shown = str(key).replace("`", "\\x60")
+                prefix = f"$.{section}.{shown}"
                 text = str(error).replace(" - at `$", f" - at `{prefix}", 1)
                 if " - at `" not in text:
                     text = f"{text} - at `{prefix}`"

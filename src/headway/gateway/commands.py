@@ -15,6 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
+from headway.tcp_port import port_number
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``gateway``."""
@@ -27,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--config", type=Path, required=True, help="gateway.yaml")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    p.add_argument("--port", type=port_number, default=0, help="port (default 0: a free one)")
     p.add_argument("--redis", default=None, metavar="URL",
                    help="share tenant budgets with other instances through this Redis")  # fmt: skip
     p.set_defaults(handler=run)

@@ -179,16 +179,31 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     tpot_s: float | None = None
     """Time per output token of an upstream at its slot count (e.g. from ``headway
-    calibrate``), for the service estimate that refuses at arrival what cannot meet its
-    deadline. None: no prediction; queue bounds and expiry enforce deadlines."""
+    calibrate``): the prior of the service estimate that refuses at arrival what cannot
+    meet its deadline and computes Retry-After. None: from ``profile``, else from the
+    engine model (``engine_model`` on ``engine_gpu``)."""
 
     prefill_tokens_per_s: float | None = None
-    """Prompt tokens per second of one request's prefill, with ``tpot_s`` (None: prefill
-    counts as free, so the estimate is a lower bound)."""
+    """Prompt tokens per second of one request's prefill, with ``tpot_s`` (None with
+    ``tpot_s``: prefill counts as free, so the estimate is a lower bound)."""
+
+    profile: str | None = None
+    """A step-time profile written by ``headway calibrate --out`` (a path): without
+    ``tpot_s``, the speeds it gives a full batch of ``slots_per_upstream`` are the prior."""
+
+    engine_model: str = "llama-3-8b"
+    """Catalog model of the engine-model prior (without ``tpot_s`` and ``profile``): the
+    roofline's speeds for it at ``slots_per_upstream``. A fast-GPU prior errs fast, so it
+    refuses at arrival only what even that engine could not serve in time; measurement
+    corrects it within a few dozen answers."""
+
+    engine_gpu: str = "h100"
+    """Catalog GPU of the engine-model prior."""
 
     measure_speeds: bool = True
-    """Without ``tpot_s``: measure it from the streamed answers (after 20 of them) for
-    the deadline estimate. False: no estimate without ``tpot_s``."""
+    """Refine the prior from the answers, streamed (time to first token, then per token)
+    and not (their duration against the prediction for their tokens). False: the prior
+    alone."""
 
     capacity_tokens_per_s: float | None = None
     """Planned capacity that tenants' ``share`` divides into token budgets (None: shares
@@ -239,6 +254,21 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     in-flight requests finish for up to this long before the process exits (Kubernetes'
     ``terminationGracePeriodSeconds`` must exceed it plus any ``preStop`` sleep)."""
 
+    header_timeout_s: float = 10.0
+    """A client's request headers must arrive within this (from the connection's start, or
+    from the first byte of a later request on it); past it the gateway answers 408 and
+    closes the connection (slowloris)."""
+
+    body_timeout_s: float = 30.0
+    """A request's body must arrive within this after its headers (408 past it)."""
+
+    idle_timeout_s: float = 75.0
+    """An idle keep-alive client connection closes after this."""
+
+    max_connections: int = 1000
+    """Open client connections at once; one more is answered 503 and closed (keep it below
+    the process's open-file limit, less the upstream connections)."""
+
     access_log: str | None = None
     """One JSON line per finished request on the ``headway.gateway.access`` logger, written
     by the gateway to this file (``-``: stderr) from a background thread. None: the gateway
@@ -249,9 +279,14 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     neither ever carries prompt or completion text."""
 
     metrics_token: str | None = None
-    """When set, ``GET /metrics`` requires ``Authorization: Bearer <metrics_token>`` (401
-    otherwise). None: ``/metrics`` is open, as vLLM's is; then do not expose it beyond the
-    cluster network. Either way a request carrying a tenant's API key is refused (403)."""
+    """``GET /metrics`` takes ``Authorization: Bearer <metrics_token>`` (or the
+    ``admin_token``); 401 otherwise. Its labels name every tenant and its counts, so it is
+    private by default: with neither token (and ``metrics_public`` false) it answers 403.
+    A request carrying a tenant's API key is refused (403) in every case."""
+
+    metrics_public: bool = False
+    """True: ``GET /metrics`` is open to anyone who can reach the port, as vLLM's is (then
+    keep the port inside the cluster network: every tenant's name and counts are in it)."""
 
     tenant_cache_salt: bool = True
     """With tenants: put ``"cache_salt": HMAC(tenant)`` into every relayed body, so engines
@@ -292,6 +327,12 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             )
         if not (math.isfinite(self.tenant_active_s) and self.tenant_active_s >= 0):
             raise ValueError(f"tenant_active_s must be >= 0 (got {self.tenant_active_s}); use 2")
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number of seconds > 0 (got {value})")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 (got {self.max_connections}); use 1000")
         if any(not key.strip() or key != key.strip() for key in self.tenants):
             raise ValueError(
                 "tenants: every API key must be non-empty, without surrounding spaces "
@@ -317,7 +358,9 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
                 )
         reserved = self.queue_config().critical_reserved_slots
         for up in self.upstreams:
-            if (up.slots or self.slots_per_upstream) * len(self.upstreams) <= reserved:
+            if reserved is not None and (
+                (up.slots or self.slots_per_upstream) * len(self.upstreams) <= reserved
+            ):
                 raise ValueError(
                     f"slots ({up.slots or self.slots_per_upstream} per upstream) must exceed "
                     f"queues.critical_reserved_slots ({reserved}); raise the slots or lower "

@@ -28,14 +28,20 @@ local policy); the defaults are the config's static list and local-only budgets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import msgspec
 
+from headway.core.engine.catalog import get_gpu, get_model
+from headway.core.engine.roofline import RooflineStepTime
+from headway.core.engine.steptime import StepTimeModel
+from headway.core.errors import ConfigError
 from headway.core.policy.admission import (
     AdmissionConfig,
     AdmissionPolicy,
@@ -43,15 +49,17 @@ from headway.core.policy.admission import (
     LoadSnapshot,
     TenantLoad,
 )
+from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
 from headway.core.policy.fallback import FallbackPolicy, NoFallback, UseFallback
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, Queued
 from headway.core.policy.rates import WindowCounter
 from headway.core.policy.retries import RetryPolicy
 from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
+from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior, prior_from_step_time
 from headway.gateway.config import GatewayFileConfig
 
-__all__ = ["BudgetSeam", "Controller", "Lease", "LiveSpeeds", "UpstreamSource", "UpstreamState"]
+__all__ = ["BudgetSeam", "Controller", "Lease", "UpstreamSource", "UpstreamState", "speed_prior"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -135,35 +143,42 @@ class Lease:
     released: bool = False
     tried: list[UpstreamState] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
+    phase: Phase = Phase.UNSENT
+    """How far it got (:mod:`~headway.core.policy.charges`): what its tenant pays."""
+    output_events: int = 0
+    """Streamed events relayed so far: the output seen when it ends early."""
+    settled: bool = False
+    """Its charge was settled (an expiry refunded it all): :meth:`Controller.release`
+    refunds nothing more."""
 
 
-class LiveSpeeds:
-    """Time per output token measured from the gateway's own streamed answers: an
-    exponentially weighted mean of (last byte - first byte) / completion tokens, used by
-    the deadline estimate when the config gives no ``tpot_s``. Dividing by all the tokens
-    (the first included) errs low, so the estimate refuses only what is surely late."""
+def speed_prior(config: GatewayFileConfig) -> SpeedPrior:
+    """The speeds admission predicts with before any answer was measured: the config's
+    ``tpot_s`` (and ``prefill_tokens_per_s``), else its calibrated ``profile``, else the
+    engine model's roofline for ``engine_model`` on ``engine_gpu``, each at a full batch
+    of ``slots_per_upstream``."""
+    if config.tpot_s is not None:
+        return SpeedPrior(config.tpot_s, config.prefill_tokens_per_s or math.inf)
+    step_time: StepTimeModel
+    if config.profile is not None:
+        from headway.calibrate.profile import read_profile
 
-    def __init__(self, *, weight: float = 0.1, min_samples: int = 20) -> None:
-        self.weight = weight
-        self.min_samples = min_samples
-        self.samples = 0
-        self._mean_s = 0.0
+        step_time = read_profile(Path(config.profile)).step_time
+    else:
+        from headway.data import load_efficiency_table
 
-    def observe(self, decode_s: float, tokens: int) -> None:
-        """One streamed answer: seconds from its first to its last byte, and its tokens."""
-        if tokens < 2 or not (math.isfinite(decode_s) and decode_s > 0):
-            return
-        sample = decode_s / tokens
-        self.samples += 1
-        if self.samples == 1:
-            self._mean_s = sample
-        else:
-            self._mean_s += self.weight * (sample - self._mean_s)
-
-    @property
-    def tpot_s(self) -> float | None:
-        """The measured TPOT, once ``min_samples`` answers were seen (else None)."""
-        return self._mean_s if self.samples >= self.min_samples else None
+        try:
+            gpu = get_gpu(config.engine_gpu)
+        except ConfigError as error:
+            raise ConfigError(f"engine_gpu: {error}", path="engine_gpu") from None
+        try:
+            model = get_model(config.engine_model)
+        except ConfigError as error:
+            raise ConfigError(f"engine_model: {error}", path="engine_model") from None
+        step_time = RooflineStepTime(
+            model=model, gpu=gpu, efficiency=load_efficiency_table().profile_for(gpu)
+        )
+    return prior_from_step_time(step_time, num_seqs=config.slots_per_upstream)
 
 
 class Controller:
@@ -196,8 +211,9 @@ class Controller:
         self.capped = 0
         """Requests admission would have dispatched at once, queued instead because their
         tenant held its slot share (those already queued are passed over in :meth:`pump`)."""
-        self.speeds = LiveSpeeds()
-        """Time per output token measured from streamed answers."""
+        self.speeds = ServiceSpeeds(speed_prior(config))
+        """The prefill speed and TPOT admission predicts with: the prior, refined by the
+        answers (:meth:`observe_whole`, :meth:`observe_stream`)."""
         self.draining = False
         """This instance is shutting down: new requests are refused (``draining``); queued
         and dispatched ones finish."""
@@ -206,6 +222,8 @@ class Controller:
         """Swap in ``config`` live: admission (tenant budgets), queue and retry settings
         take effect for the next decision; queued and dispatched requests keep their
         places and slots (see the policies' ``reconfigure``)."""
+        if speed_prior(config) != speed_prior(self.config):
+            self.speeds = ServiceSpeeds(speed_prior(config))
         self.admission.reconfigure(self.now(), self._admission_config(config))
         self.queues.reconfigure(config.queue_config())
         self.retries.reconfigure(config.retries)
@@ -293,7 +311,7 @@ class Controller:
         ups = self.source.upstreams()
         ready = [u for u in ups if u.ready and _serves(u, route)]
         total = sum(u.slots for u in ready)
-        if total > self.queues.config.critical_reserved_slots:
+        if total > self.queues.config.reserved_slots(total):
             by_band = self.queues.free_slots_by_band(total_slots=total, running=self.running)
             free_slots: dict[str, int] = dict(by_band.items())
         else:
@@ -315,6 +333,7 @@ class Controller:
             tenants=tenants,
             prefill_tokens_per_s=self._prefill_tokens_per_s(),
             tpot_s=self.tpot_s(),
+            dispatch_slots=total,
             draining=self.draining,
             downstream_health=1.0 if ready else 0.0,
             downstream_next_probe_s=None
@@ -323,17 +342,23 @@ class Controller:
         )
 
     def tpot_s(self) -> float | None:
-        """The config's TPOT, else the one measured from streamed answers (when on)."""
-        if self.config.tpot_s is not None:
-            return self.config.tpot_s
-        return self.speeds.tpot_s if self.config.measure_speeds else None
+        """The TPOT the service estimate uses: the prior, refined by measurement."""
+        return self.speeds.tpot_s
 
     def _prefill_tokens_per_s(self) -> float | None:
-        """The config's prefill speed; unknown with a known TPOT counts prefill as free,
-        so the service estimate is a lower bound and refuses only the surely late."""
-        if self.config.prefill_tokens_per_s is not None:
-            return self.config.prefill_tokens_per_s
-        return math.inf if self.tpot_s() is not None else None
+        return self.speeds.prefill_tokens_per_s
+
+    def observe_whole(self, prompt_tokens: int, output_tokens: int, duration_s: float) -> None:
+        """A whole answer took ``duration_s`` from its dispatch (with ``measure_speeds``)."""
+        if self.config.measure_speeds:
+            self.speeds.observe_whole(prompt_tokens, output_tokens, duration_s)
+
+    def observe_stream(
+        self, prompt_tokens: int, output_tokens: int, first_token_s: float, duration_s: float
+    ) -> None:
+        """A streamed answer: its first and last token, seconds after its dispatch."""
+        if self.config.measure_speeds:
+            self.speeds.observe_stream(prompt_tokens, output_tokens, first_token_s, duration_s)
 
     def _completion_rate(self, now: float, tenant: str) -> float:
         counter = self._completions.get(tenant)
@@ -393,6 +418,11 @@ class Controller:
         if self.budgets is not None:
             refused = self.budgets.check(now, request.tenant, request.cost_tokens)
             if refused is not None:
+                burst = self.config.admission_config().limits(request.tenant).burst_tokens
+                if refused.retry_after_s is None and burst is not None:
+                    # It can never fit the tenant's bucket: the core's reason and fix.
+                    detail = self.admission.over_budget_detail(request, burst)
+                    refused = dataclasses.replace(refused, detail=detail)
                 return refused
         decision = self.admission.decide(now, request, self.snapshot(now, request, route))
         if isinstance(decision, Shed):
@@ -503,7 +533,8 @@ class Controller:
             if counter is None:
                 counter = self._completions[lease.tenant] = WindowCounter(10.0, start_s=now)
             counter.add(now)
-        if unused_tokens > 0:
+        if unused_tokens > 0 and not lease.settled:
+            lease.settled = True
             self.admission.refund(now, lease.tenant, unused_tokens)
             self._give_back(now, lease.tenant, unused_tokens)
         if not lease.ready.done():
@@ -514,7 +545,7 @@ class Controller:
         """Dispatch queued requests while slots and upstreams are free."""
         now = self.now()
         total = self.total_slots()
-        if total <= self.queues.config.critical_reserved_slots:
+        if total <= self.queues.config.reserved_slots(total):
             self.expire()
             return
         caps = self.slot_caps(now, total)
@@ -562,6 +593,7 @@ class Controller:
             if lease.dead:
                 continue
             self.expired += 1
+            lease.settled = True  # release() must not refund it a second time
             self.admission.refund(now, lease.tenant, lease.cost_tokens)
             self._give_back(now, lease.tenant, lease.cost_tokens)
             if not lease.ready.done():

@@ -46,6 +46,7 @@ import msgspec
 from headway.core.errors import ConfigError, config_error
 from headway.gateway.probe import (
     DEFAULT_PROBE_PROMPT,
+    TOKEN_IDS_PREFIX,
     EngineMetrics,
     ProbeOutcome,
     ProbeResult,
@@ -105,8 +106,10 @@ class PoolUpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     with that revision."""
 
     fingerprint: str | None = None
-    """The expected probe answer: the completion text of the fixed greedy prompt, or
-    ``sha256:HEX`` of it. Default: ``fingerprints[revision]``, else computed from
+    """The expected probe answer: the completion text of the fixed greedy prompt,
+    ``sha256:HEX`` of it, or ``token_ids:PROMPT/OUTPUT`` (the ids vLLM returns with
+    ``return_token_ids``: :func:`headway.gateway.probe.token_ids_fingerprint`).
+    Default: ``fingerprints[revision]``, else computed from
     ``model``."""
 
     model: str | None = None
@@ -147,8 +150,17 @@ class PoolUpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
             self.fingerprint is None or self.fingerprint != "",
             "upstreams[].fingerprint",
             self.fingerprint,
-            "the expected completion text of the probe, or sha256:HEX of it",
+            "the expected completion text of the probe, sha256:HEX of it, or token_ids:P,../O,..",
         )
+        if self.fingerprint is not None and self.fingerprint.startswith(TOKEN_IDS_PREFIX):
+            ids = self.fingerprint[len(TOKEN_IDS_PREFIX) :].split("/")
+            _require(
+                len(ids) == 2 and all(i.isdigit() for part in ids for i in part.split(",")),
+                "upstreams[].fingerprint",
+                self.fingerprint,
+                "token_ids: then the prompt's ids, a slash and the answer's ids, each "
+                "comma-separated (e.g. token_ids:12,7/44,5)",
+            )
         if self.fingerprint is not None and self.fingerprint.startswith("sha256:"):
             digest = self.fingerprint[len("sha256:") :]
             _require(

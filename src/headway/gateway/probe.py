@@ -3,8 +3,10 @@ reads the answers.
 
 A probe sends one fixed greedy prompt (``temperature: 0``, a few tokens) to
 ``/v1/completions`` and judges the answer against the expected *fingerprint* of the model
-revision (the completion text, or ``sha256:HEX`` of it). The verdicts keep "busy" apart
-from "wrong":
+revision: the completion text, ``sha256:HEX`` of it, or ``token_ids:PROMPT/OUTPUT`` (the
+prompt's and the answer's token ids, which vLLM returns with ``return_token_ids``: they
+tell a changed tokenizer or weights apart even where the detokenized text would agree).
+The verdicts keep "busy" apart from "wrong":
 
 * ``pass``: a complete answer equal to the fingerprint;
 * ``wrong``: a complete answer that differs (``fingerprint mismatch``), a malformed answer,
@@ -43,6 +45,7 @@ __all__ = [
     "probe_session",
     "run_probe",
     "scrape_metrics",
+    "token_ids_fingerprint",
 ]
 
 ProbeOutcome = Literal["pass", "wrong", "busy", "error"]
@@ -50,6 +53,9 @@ ProbeOutcome = Literal["pass", "wrong", "busy", "error"]
 DEFAULT_PROBE_PROMPT: Final = "The readiness probe says:"
 """The fixed prompt of the readiness probe (any fixed text works; the fingerprint is
 recorded for it)."""
+
+TOKEN_IDS_PREFIX: Final = "token_ids:"
+"""The prefix of a fingerprint of token ids (see :func:`token_ids_fingerprint`)."""
 
 FINGERPRINT_MISMATCH: Final = "fingerprint mismatch"
 """The reason of a complete answer that differs from the expected fingerprint."""
@@ -77,10 +83,44 @@ def fingerprint_digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def token_ids_fingerprint(prompt_token_ids: list[int], token_ids: list[int]) -> str:
+    """``token_ids:P1,P2,.../O1,O2,...``: the probe prompt's and the answer's token ids."""
+    return (
+        TOKEN_IDS_PREFIX
+        + ",".join(map(str, prompt_token_ids))
+        + "/"
+        + ",".join(map(str, token_ids))
+    )
+
+
 def _matches(expected: str, text: str) -> bool:
     if expected.startswith("sha256:"):
         return fingerprint_digest(text) == expected.lower()
     return text == expected
+
+
+def _int_list(value: object) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise TypeError("token ids are not a list of integers")
+    return value
+
+
+def _answer(choice: object, expected: str) -> str:
+    """What the probe's answer is compared as: its text, or its token-id fingerprint."""
+    if not isinstance(choice, dict):
+        raise TypeError("choice is not an object")
+    if expected.startswith(TOKEN_IDS_PREFIX):
+        if choice.get("token_ids") is None:
+            raise KeyError("token_ids (the engine ignores return_token_ids)")
+        return token_ids_fingerprint(
+            _int_list(choice.get("prompt_token_ids")), _int_list(choice["token_ids"])
+        )
+    text = choice["text"]
+    if not isinstance(text, str):
+        raise TypeError("text is not a string")
+    return text
 
 
 def _snippet(text: str) -> str:
@@ -99,9 +139,7 @@ def judge(status: int, body: bytes, expected: str) -> ProbeResult:
         return ProbeResult("error", f"HTTP {status}", body[:200].decode("utf-8", "replace"))
     try:
         doc = json.loads(body)
-        text = doc["choices"][0]["text"]
-        if not isinstance(text, str):
-            raise TypeError("text is not a string")
+        text = _answer(doc["choices"][0], expected)
     except (ValueError, KeyError, IndexError, TypeError) as error:
         return ProbeResult(
             "wrong",
@@ -168,6 +206,8 @@ async def run_probe(
         "temperature": 0,
         "stream": False,
     }
+    if expected.startswith(TOKEN_IDS_PREFIX):
+        payload["return_token_ids"] = True
     started = time.perf_counter()
     lane = _Lane()
     try:

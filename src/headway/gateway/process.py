@@ -40,6 +40,21 @@ class GatewayProcess(ServerProcess):
             self.path = Path(name)
         self.path.write_text(yaml.safe_dump(config), encoding="utf-8")
 
+    def secrets(self) -> list[str]:
+        """Tenant API keys, the admin and metrics tokens, the cache-salt key and the
+        upstreams' API keys of its config."""
+        config = self.config
+        found = [*config.get("tenants", {})]
+        names = ("admin_token", "metrics_token", "cache_salt_key")
+        found += [str(config[name]) for name in names if config.get(name)]
+        found += [str(u["api_key"]) for u in config.get("upstreams", []) if u.get("api_key")]
+        return found
+
+    def log_files(self) -> list[str]:
+        """Its access log, when it is a file."""
+        path = self.config.get("access_log")
+        return [str(path)] if path and path != "-" else []
+
     def verb_args(self) -> list[str]:
         """``--config FILE`` (the config written afresh), then the extra arguments."""
         self.write_config(self.config)

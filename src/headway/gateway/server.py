@@ -36,6 +36,7 @@ from aiohttp import web
 
 from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionRequest
+from headway.core.policy.charges import Phase, unseen_output_tokens, unused_tokens
 from headway.core.policy.deadlines import DeadlineConfig, DeadlinePolicy
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.core.policy.queues import BANDS, Band
@@ -55,6 +56,7 @@ from headway.gateway.metrics import TTFT_BUCKETS_S, Registry
 from headway.gateway.openapi import openapi_document
 from headway.gateway.ops import AccessLog, RequestRecord, finish, next_request_id, tracer
 from headway.gateway.pooled import PoolSource
+from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
 
 if TYPE_CHECKING:
     from headway.gateway.shared import SharedBudgets
@@ -89,7 +91,8 @@ _STATUS: Final[dict[ShedReason, int]] = {
 def status_for(reason: ShedReason) -> int:
     """HTTP status of a shed: 429 for the queue's and the tenant's limits, 503 for
     capacity, deadlines and the engines, 400 for a request that can never fit (and, in
-    :meth:`GatewayServer._shed_response`, a deadline shorter than the service alone)."""
+    :meth:`GatewayServer._shed_response`, a deadline shorter than the service alone or a
+    request larger than its tenant's whole token budget)."""
     return _STATUS[reason]
 
 
@@ -194,7 +197,7 @@ class GatewayServer:
         )
         self.rng = np.random.default_rng()
         self.sessions: dict[str, aiohttp.ClientSession] = {}
-        self.runner: web.AppRunner | None = None
+        self.runner: BoundaryRunner | None = None
         self.port = 0
         self.host = "127.0.0.1"
         self.tracer = tracer()
@@ -202,7 +205,15 @@ class GatewayServer:
         self.access = AccessLog(config.access_log) if config.access_log else None
         self._setup_metrics()
         self.salts = CacheSalts(config.cache_salt_key)
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_shaped_errors])
+        self.limits = BoundaryLimits(
+            header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s,
+            idle_timeout_s=config.idle_timeout_s, max_connections=config.max_connections,
+            max_body_bytes=MAX_BODY_BYTES,
+        )  # fmt: skip
+        app = web.Application(
+            client_max_size=MAX_BODY_BYTES,
+            middlewares=[openai_shaped_errors, boundary_middleware(self.limits, "gateway")],
+        )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -224,9 +235,10 @@ class GatewayServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen; return the URL."""
-        self.runner = web.AppRunner(
-            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0
-        )
+        self.runner = BoundaryRunner(
+            self.app, self.limits, access_log=None, handler_cancellation=True,
+            shutdown_timeout=2.0,
+        )  # fmt: skip
         await self.runner.setup()
         if self.access is not None:
             self.access.start()
@@ -235,7 +247,7 @@ class GatewayServer:
         if self.shared is not None:
             await self.shared.start()
         site = web.TCPSite(self.runner, host, port, backlog=4096)
-        await site.start()
+        await listen(site, host, port)
         server = site._server
         assert server is not None
         sockets = getattr(server, "sockets", None) or []
@@ -392,7 +404,7 @@ class GatewayServer:
         reg.gauge("headway_gateway_retry_budget_left", "Retries the budget still allows now.",
                   [], budget)  # fmt: skip
         reg.gauge("headway_gateway_tpot_seconds", "Time per output token the deadline "
-                  "estimate uses (the config's, or measured; 0: none yet).", [],
+                  "estimate uses (the prior, refined by measured answers).", [],
                   lambda: [((), ctl.tpot_s() or 0.0)])  # fmt: skip
         reg.gauge("headway_gateway_upstream_outstanding_requests",
                   "Requests dispatched to each upstream.", ["upstream"], running)  # fmt: skip
@@ -538,6 +550,10 @@ class GatewayServer:
             shed = dataclasses.replace(
                 shed, detail=f"{shed.detail}; raise {DEADLINE_HEADER} or lower max_tokens"
             )
+        meaning = shed.reason.meaning
+        if shed.reason is ShedReason.TENANT_TOKEN_RATE and shed.retry_after_s is None:
+            status = 400  # larger than the tenant's whole budget: no retry can pass
+            meaning = "the request can never fit its tenant's token budget"
         self.m_shed.inc(shed.reason.value, str(status))
         record.admission = "shed"
         record.shed_reason = shed.reason.value
@@ -552,7 +568,7 @@ class GatewayServer:
             headers[TICKET_HEADER] = str(shed.ticket)
         body = {
             "error": {
-                "message": f"{shed.reason.value}: {shed.reason.meaning}"
+                "message": f"{shed.reason.value}: {meaning}"
                 + (f" ({shed.detail})" if shed.detail else ""),
                 "type": "overloaded_error" if status != 400 else "invalid_request_error",
                 "param": None,
@@ -639,7 +655,6 @@ class GatewayServer:
                 )
             return self._shed_response(got, record)
         lease = got
-        planned = admission.planned_output_tokens
         completion_tokens: int | None = None
         completed = False
         stage = "queued"
@@ -670,13 +685,29 @@ class GatewayServer:
                 self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
             raise
         finally:
-            unused = lease.cost_tokens if not completed else 0
+            # The core's charging rule: the tenant pays for what an engine did for it.
+            phase: Phase = lease.phase
+            output: int | None = lease.output_events
+            if completed:
+                phase, output = Phase.COMPLETED, completion_tokens
+            elif phase is Phase.PREFILL and not body.stream:
+                phase = Phase.DECODE  # its output, if any, was never seen
+                output = unseen_output_tokens(
+                    ctl.now() - (record.attempt_started_s or ctl.now()),
+                    ctl.tpot_s(),
+                    admission.planned_output_tokens,
+                )
+            unused = unused_tokens(
+                phase,
+                cost_tokens=lease.cost_tokens,
+                prompt_tokens=admission.prompt_tokens,
+                output_tokens=output,
+            )
             record.tokens_out = completion_tokens
             if completed:
                 self.m_completed.inc(parsed.tenant_name)
                 if completion_tokens is not None:
                     self.m_tokens.inc(parsed.tenant_name, amount=completion_tokens)
-                    unused = max(planned - completion_tokens, 0)
                 if parsed.deadline_s is None or ctl.now() <= parsed.deadline_s:
                     self.m_good.inc(parsed.tenant_name)
             ctl.release(lease, completed=completed, unused_tokens=unused)
@@ -696,6 +727,7 @@ class GatewayServer:
             failure = FailureKind.CONNECT_ERROR
             last: tuple[int, bytes, str | None] = (502, b"", None)
             upstream_retry_after: float | None = None
+            lease.phase = Phase.PREFILL  # a client that leaves now pays for its prompt
             try:
                 resp = await self._session(upstream).post(
                     upstream.url + path,
@@ -718,12 +750,13 @@ class GatewayServer:
                     last = (resp.status, error_body, resp.headers.get("Content-Type"))
                 else:
                     try:
-                        return await self._answer(request, parsed, upstream, resp, record)
+                        return await self._answer(request, parsed, lease, resp, record)
                     except _Unanswered:
                         failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
                         last = (502, _UPSTREAM_FAILED, "application/json")
                     finally:
                         resp.close()
+            lease.phase = Phase.UNSENT  # the engine failed it before any output
             self.m_upstream_errors.inc(upstream.url)
             if failure is FailureKind.CONNECT_ERROR:
                 upstream.down_until_s = time.monotonic() + self.config.eject_s
@@ -768,10 +801,12 @@ class GatewayServer:
         self,
         request: web.Request,
         parsed: _Parsed,
-        upstream: UpstreamState,
+        lease: Lease,
         resp: aiohttp.ClientResponse,
         record: RequestRecord,
     ) -> tuple[web.StreamResponse, int | None, bool]:
+        upstream = lease.upstream
+        assert upstream is not None
         started = record.attempt_started_s or 0.0
         kept = record.completion
         ok = 200 <= resp.status < 300
@@ -785,6 +820,8 @@ class GatewayServer:
             self.m_ttft.observe(now - started, upstream.url)
             if kept is not None:
                 kept.append(data)
+            if not ok:
+                lease.phase = Phase.UNSENT  # the engine refused it: nothing to charge
             whole = web.Response(body=data, status=resp.status)
             whole.headers["Content-Type"] = ctype
             tokens = None
@@ -794,6 +831,8 @@ class GatewayServer:
                     tokens = None if usage is None else usage.completion_tokens
                     if usage is not None and usage.prompt_tokens:
                         record.tokens_in = usage.prompt_tokens
+                if tokens is not None:
+                    self.controller.observe_whole(record.tokens_in or 0, tokens, now - started)
             return whole, tokens, ok
         out = web.StreamResponse(status=resp.status)
         out.headers["Content-Type"] = ctype
@@ -807,6 +846,8 @@ class GatewayServer:
                     record.first_byte_s = now = time.monotonic()
                     self.m_ttft.observe(now - started, upstream.url)
                     first = False
+                    lease.phase = Phase.DECODE
+                lease.output_events += chunk.count(b"data:")  # about one token each
                 record.chunks += 1
                 if kept is not None:
                     kept.append(chunk)
@@ -833,7 +874,12 @@ class GatewayServer:
             return out, None, False
         tokens = record.tokens_out
         if tokens is not None and record.first_byte_s is not None:
-            self.controller.speeds.observe(time.monotonic() - record.first_byte_s, tokens)
+            self.controller.observe_stream(
+                record.tokens_in or 0,
+                tokens,
+                record.first_byte_s - started,
+                time.monotonic() - started,
+            )
         return out, tokens, True
 
     # -- other routes ----------------------------------------------------------------------
@@ -874,12 +920,21 @@ class GatewayServer:
                 403, "/metrics is not for tenants: their API keys are refused here",
                 code="forbidden",
             )  # fmt: skip
-        token = self.config.metrics_token
-        if token is not None and not hmac.compare_digest((key or "").encode(), token.encode()):
-            return error_response(
-                401, "wrong or missing metrics token: send `Authorization: Bearer TOKEN`",
-                code="invalid_api_key",
-            )  # fmt: skip
+        config = self.config
+        tokens = [t for t in (config.metrics_token, config.admin_token) if t is not None]
+        if not config.metrics_public:
+            if not tokens:
+                return error_response(
+                    403, "/metrics is private (it names every tenant): set metrics_token in "
+                    "the config and send it as `Authorization: Bearer TOKEN`, or set "
+                    "metrics_public: true", code="forbidden",
+                )  # fmt: skip
+            sent = (key or "").encode()
+            if not any(hmac.compare_digest(sent, t.encode()) for t in tokens):
+                return error_response(
+                    401, "wrong or missing metrics token: send `Authorization: Bearer "
+                    "METRICS_TOKEN` (or the admin token)", code="invalid_api_key",
+                )  # fmt: skip
         text = self.metrics.render()
         if self.pool is not None:
             text += "\n".join(self.pool.pool.prometheus_lines()) + "\n"
@@ -925,13 +980,9 @@ class GatewayServer:
         if refused is not None:
             return refused
         try:
-            body = await request.json()
-            url = str(body["upstream"]).rstrip("/")
-            drain = bool(body.get("drain", True))
-        except (ValueError, KeyError, TypeError):
-            return ClientError(
-                400, 'send {"upstream": URL, "drain": true|false}', param="upstream"
-            ).response()
+            url, drain = _drain_body(await request.read())
+        except ClientError as error:
+            return error.response()
         for upstream in self.controller.source.upstreams():
             if upstream.url == url:
                 upstream.draining = drain
@@ -940,7 +991,10 @@ class GatewayServer:
                     {"upstream": url, "draining": drain,
                      "outstanding_requests": upstream.outstanding_requests}
                 )  # fmt: skip
-        return ClientError(404, f"no upstream {url!r}", param="upstream").response()
+        known = ", ".join(u.url for u in self.controller.source.upstreams())
+        return ClientError(
+            404, f"no upstream {url[:200]!r}; use one of {known}", param="upstream"
+        ).response()
 
     async def _admin_reload(self, request: web.Request) -> web.Response:
         """Re-read the config file: tenants, models, admin token, upstreams and the
@@ -1018,6 +1072,47 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
     route = request.get(_ROUTE)
     if route is not None:
         response.headers[ROUTE_HEADER] = route
+
+
+_DRAIN_SHAPE: Final = 'send {"upstream": "http://HOST:PORT", "drain": true|false}'
+
+
+def _drain_body(raw: bytes) -> tuple[str, bool]:
+    """``/admin/drain``'s body, strictly typed: ``upstream`` a URL string, ``drain`` a JSON
+    boolean (default true); a wrong type or an unknown field is a 400 naming it."""
+
+    def shown(value: object) -> str:
+        return msgspec.json.encode(value).decode()[:80]
+
+    try:
+        data = msgspec.json.decode(raw) if raw.strip() else None
+    except (msgspec.DecodeError, RecursionError):
+        raise ClientError(400, f"the body is not JSON; {_DRAIN_SHAPE}") from None
+    if not isinstance(data, dict):
+        raise ClientError(
+            400, f"the body must be a JSON object (got {shown(data)}); {_DRAIN_SHAPE}"
+        )
+    unknown = sorted(set(data) - {"upstream", "drain"})
+    if unknown:
+        raise ClientError(
+            400, f"unknown field `{unknown[0][:40]}`; {_DRAIN_SHAPE}", param=unknown[0][:40]
+        )
+    url = data.get("upstream")
+    if not isinstance(url, str) or not url.strip():
+        raise ClientError(
+            400,
+            f"`upstream` must be a string, the URL of an upstream (got {shown(url)}); "
+            f"{_DRAIN_SHAPE}",
+            param="upstream",
+        )
+    drain = data.get("drain", True)
+    if not isinstance(drain, bool):
+        raise ClientError(
+            400,
+            f"`drain` must be a JSON boolean, true or false (got {shown(drain)}); {_DRAIN_SHAPE}",
+            param="drain",
+        )
+    return url.rstrip("/"), drain
 
 
 def _with_model(raw: bytes, model: str) -> bytes:

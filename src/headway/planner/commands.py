@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headway.core.errors import ConfigError
+from headway.core.workload.validate import require_latency_slo
 from headway.files.output import write_text_atomic
 from headway.files.workload import load_workload, read_yaml
 from headway.planner.executors import PointExecutor, make_executor
@@ -156,6 +157,8 @@ def _plan(args: argparse.Namespace) -> int:
     spec = loaded.spec
     if args.seed is not None:
         spec = msgspec.structs.replace(spec, seed=args.seed)
+    if not args.analytic_only:  # before the progress bars start (build_plan checks too)
+        require_latency_slo(spec, "the plan's replica search")
     choice = choose_cluster(args.cluster, default_cluster(spec))
     if args.profile is not None and choice.spec is not None:
         choice = ClusterChoice(

@@ -49,25 +49,39 @@ def _near_knee(sim: SimulatedPlan) -> tuple[PlanPoint | None, PlanPoint | None]:
     return (below[-1] if below else None), (above[0] if above else None)
 
 
+def output_tokens_per_s_per_replica(sim: SimulatedPlan) -> float | None:
+    """Output tokens/s one simulated replica decodes at the knee (None: no knee)."""
+    at, _ = _near_knee(sim)
+    if at is None or sim.knee is None:
+        return None
+    return at.sweep.output_tokens_per_s / max(1, sim.knee.replicas)
+
+
 def _capacity_reasons(spec: WorkloadSpec, peak: Period, sim: SimulatedPlan) -> list[str]:
     reasons: list[str] = []
-    at, over = _near_knee(sim)
+    _, over = _near_knee(sim)
     cluster = sim.cluster
     declared = [
         (name, route.replica.output_tokens_per_s)
         for name, route in spec.routes.items()
         if route.replica is not None and route.replica.output_tokens_per_s
     ]
-    if at is not None and declared and sim.knee is not None:
+    simulated = output_tokens_per_s_per_replica(sim)
+    if simulated is not None and declared:
         name, per_replica = declared[0]
-        simulated = at.sweep.output_tokens_per_s / max(1, sim.knee.replicas)
+        model = (
+            "the step-time model is your calibrated profile: one of the two figures is "
+            "stale, or they were measured at other settings"
+            if cluster.step_time == "profile"
+            else "the step-time model is a roofline, not your engine: fit one with "
+            "`headway calibrate` and pass it with --profile or in the cluster file"
+        )
         if abs(simulated - per_replica) > DISAGREE * per_replica:
             reasons.append(
                 f"batching: the simulated {cluster.model} on {cluster.gpu} decodes "
                 f"{simulated:,.0f} output tokens/s per replica at the knee (batches of up to "
                 f"{cluster.engine.max_num_seqs} sequences), against the {per_replica:,.0f} "
-                f"declared in routes.{name}.replica; the step-time model is a roofline, not "
-                "your engine: fit one with `headway calibrate` and pass it in the cluster file"
+                f"declared in routes.{name}.replica; {model}"
             )
     if spec.planning.planning_factor < 1:
         reasons.append(

@@ -19,7 +19,9 @@ from headway.core.engine.catalog import get_model
 from headway.core.errors import ConfigError
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import WorkloadSpec
+from headway.core.workload.validate import require_latency_slo
 from headway.planner.analytic import AnalyticPlan, plan_analytic
+from headway.planner.answer import Answer, plan_answer
 from headway.planner.compare import Comparison, compare
 from headway.planner.executors import PointExecutor
 from headway.planner.points import PlanPoint, Replay
@@ -60,6 +62,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     skipped: str | None
     """Why there is no simulation (``--analytic-only``, or no simulable model)."""
     summary: list[str]
+    """The answer in sentences; the first leads with :attr:`answer`'s count."""
+    answer: Answer
+    """The replicas the plan recommends and what they rest on (a calibrated simulation,
+    else the workload's measured per-replica capacity, else the uncalibrated one)."""
     analytic: AnalyticPlan
     simulated: SimulatedPlan | None
     comparison: list[Comparison]
@@ -138,7 +144,10 @@ def build_plan(
     jobs: int = 1,
 ) -> Plan:
     """Run the plan's stages; an interrupted plan keeps what finished. ``jobs``: worker
-    processes of the bad-day matrix (its cells do not depend on it)."""
+    processes of the bad-day matrix (its cells do not depend on it). A simulated plan
+    needs a latency SLO (:class:`~headway.core.errors.WorkloadError` otherwise)."""
+    if not analytic_only:
+        require_latency_slo(spec, "the plan's replica search")
     settings = settings or PlanSettings()
     progress = progress or _Quiet()
     analytic = plan_analytic(spec)
@@ -165,6 +174,7 @@ def build_plan(
     if sim is not None and interrupted is None and settings.bad_days:
         bad_days, interrupted = _bad_days(spec, sim, settings, traces, progress, jobs)
     comparison = compare(spec, analytic, sim) if sim is not None else []
+    answer = plan_answer(analytic, sim)
     return Plan(
         schema=SCHEMA,
         workload=spec.name,
@@ -175,9 +185,17 @@ def build_plan(
         interrupted=interrupted,
         skipped=skipped,
         summary=[
-            *summarize_plan(analytic, sim, comparison, skipped=skipped, interrupted=interrupted),
+            *summarize_plan(
+                analytic,
+                sim,
+                comparison,
+                answer=answer,
+                skipped=skipped,
+                interrupted=interrupted,
+            ),
             *summarize_bad_days(bad_days),
         ],
+        answer=answer,
         analytic=analytic,
         simulated=sim,
         comparison=comparison,

@@ -136,8 +136,10 @@ def _simulated_tables(plan: Plan) -> list[Any]:
         return parts
     search = sim.replica_search
     if search is not None and search.trials:
+        model = "calibrated" if sim.cluster.step_time == "profile" else "uncalibrated roofline"
         table = Table(
-            title=f"Replicas at the peak ({_fmt(search.peak_tasks_per_s)} tasks/s, steady)",
+            title=f"Replicas at the peak ({_fmt(search.peak_tasks_per_s)} tasks/s, steady; "
+            f"{model}, ◀ its count)",
             title_justify="left",
             show_edge=False,
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from headway.core.engine.catalog import get_gpu, get_model
 from headway.core.errors import ConfigError
 from headway.planner.analytic import AnalyticPlan
-from headway.planner.compare import Comparison
+from headway.planner.answer import Answer
+from headway.planner.compare import Comparison, output_tokens_per_s_per_replica
 from headway.planner.simulated import SimulatedPlan
 from headway.sim.baddays import BadDayMatrix
 
@@ -27,15 +28,108 @@ def _lost(n: int) -> str:
     return _COUNT_WORDS[n] if n < len(_COUNT_WORDS) else str(n)
 
 
+def _capital(line: str) -> str:
+    return line[:1].upper() + line[1:]
+
+
+def _declared_line(analytic: AnalyticPlan, spec_route: str) -> str:
+    """The count sized from the route's declared (measured) per-replica capacity."""
+    peak = analytic.periods[-1]
+    route = next(r for r in peak.routes if r.route == spec_route)
+    sizing = route.sizing
+    assert sizing is not None
+    if sizing.limiting_phase == "prefill":
+        per = sizing.planned_input_tokens_per_s_per_replica
+        unit = "input"
+    else:
+        per = sizing.planned_output_tokens_per_s_per_replica
+        unit = "output"
+    factor = analytic.planning_factor
+    measured = (per or 0.0) / factor if factor else 0.0
+    base = (
+        f"the {measured:,.0f} {unit} tokens/s per replica measured in "
+        f"routes.{spec_route}.replica, planned at {factor:.0%}"
+    )
+    held = sizing.replicas
+    if sizing.failures_tolerated:
+        return (
+            f"{_replicas(sizing.replicas_with_failover)} hold the peak of "
+            f"{peak.tasks_per_s:.3g} tasks/s with {_lost(sizing.failures_tolerated)} lost "
+            f"({held} hold it with all up), from {base}."
+        )
+    return (
+        f"{_replicas(held)} {'holds' if held == 1 else 'hold'} the peak of "
+        f"{peak.tasks_per_s:.3g} tasks/s, from {base}."
+    )
+
+
+def _simulated_line(sim: SimulatedPlan, model: str, gpu: str) -> str | None:
+    """The simulation's count at the peak, in words."""
+    search = sim.replica_search
+    if search is None:
+        return None
+    if search.recommended is None:
+        return (
+            f"even {_replicas(max(p.replicas for p in search.trials))} of {model} on {gpu} "
+            f"miss the {search.target:.0%} attainment target at the peak."
+        )
+    lost = search.failures_tolerated
+    held = search.attainment_failures_lost
+    all_up = search.attainment_all_up
+    text = (
+        f"{_replicas(search.recommended)} of {model} on {gpu} "
+        f"{'holds' if search.recommended == 1 else 'hold'} the peak of "
+        f"{search.peak_tasks_per_s:.3g} tasks/s at "
+    )
+    if lost and held is not None:
+        text += f"{held:.0%} SLO attainment with {_lost(lost)} lost"
+        text += f" ({all_up:.0%} with all up)." if all_up is not None else "."
+    else:
+        text += f"{all_up or held or 0:.0%} SLO attainment."
+    return text
+
+
+def _answer_lines(analytic: AnalyticPlan, sim: SimulatedPlan, answer: Answer) -> list[str]:
+    """The headline: the count the plan leads with, and what it rests on."""
+    model, gpu = _names(sim)
+    simulated = _simulated_line(sim, model, gpu)
+    if answer.basis == "calibrated":
+        return [f"Calibrated simulation: {simulated}"] if simulated else []
+    if answer.basis == "measured" and answer.route is not None:
+        lines = [_declared_line(analytic, answer.route)]
+        per_replica = output_tokens_per_s_per_replica(sim)
+        speed = (
+            f", {per_replica:,.0f} output tokens/s per replica at the knee"
+            if per_replica is not None
+            else ""
+        )
+        if simulated:
+            lines.append(
+                f"Uncalibrated, the simulation (a roofline of {model} on {gpu}{speed}, not "
+                f"your engine) finds that {simulated} Your measurement wins: to simulate "
+                "your engine, fit it with `headway calibrate` and pass --profile."
+            )
+        return lines
+    if not simulated:
+        return []
+    return [
+        f"Uncalibrated simulation: {simulated}",
+        f"Its step times come from a roofline of {model} on {gpu}, not from your engine: "
+        "fit it with `headway calibrate` and pass --profile, or declare a measured "
+        "routes.<name>.replica.output_tokens_per_s, which the plan then leads with.",
+    ]
+
+
 def summarize_plan(
     analytic: AnalyticPlan,
     sim: SimulatedPlan | None,
     comparison: list[Comparison],
     *,
+    answer: Answer,
     skipped: str | None,
     interrupted: str | None,
 ) -> list[str]:
-    """Sentences for the top of the report and the terminal."""
+    """Sentences for the top of the report and the terminal; the first is the answer."""
     lines: list[str] = []
     peak = analytic.periods[-1]
     sizing = next((r.sizing for r in peak.routes if r.sizing is not None), None)
@@ -49,28 +143,7 @@ def summarize_plan(
         if skipped:
             lines.append(f"Not simulated: {skipped}.")
         return lines
-    model, gpu = _names(sim)
-    search = sim.replica_search
-    if search is not None and search.recommended is not None:
-        lost = search.failures_tolerated
-        held = search.attainment_failures_lost
-        all_up = search.attainment_all_up
-        text = (
-            f"{_replicas(search.recommended)} of {model} on {gpu} "
-            f"{'holds' if search.recommended == 1 else 'hold'} the peak of "
-            f"{search.peak_tasks_per_s:.3g} tasks/s at "
-        )
-        if lost and held is not None:
-            text += f"{held:.0%} SLO attainment with {_lost(lost)} lost"
-            text += f" ({all_up:.0%} with all up)." if all_up is not None else "."
-        else:
-            text += f"{all_up or held or 0:.0%} SLO attainment."
-        lines.append(text)
-    elif search is not None:
-        lines.append(
-            f"Even {_replicas(max(p.replicas for p in search.trials))} of {model} on {gpu} miss "
-            f"the {search.target:.0%} attainment target at the peak."
-        )
+    lines += [_capital(line) for line in _answer_lines(analytic, sim, answer)]
     if sim.knee is not None:
         k = sim.knee
         interval = (
@@ -79,7 +152,15 @@ def summarize_plan(
             if len(k.seeds) > 1
             else ""
         )
-        if k.found:
+        saturated = [s for s in k.seeds if s.knee.stopped == "saturated"]
+        if saturated:
+            lines.append(
+                f"The SLO does not limit {_replicas(k.replicas)}: attainment stays at target "
+                f"up to saturation, {k.saturation_tasks_per_s:.3g} tasks/s completed (the "
+                f"knee search stopped there, at {saturated[0].knee.load_factor:.3g}× the "
+                "peak); tighten the SLO to plan for latency."
+            )
+        elif k.found:
             lines.append(
                 f"The knee of {_replicas(k.replicas)} is {k.tasks_per_s:.3g} tasks/s{interval}, "
                 f"{k.load_factor:.2g}× the peak."
@@ -107,7 +188,12 @@ def summarize_plan(
         c = sim.cost.cost_per_successful_task
         lines.append(f"A successful task costs ${c:.4g} (${c * 1000:.3g} per thousand).")
     differs = [c for c in comparison if c.differs]
-    if differs and sizing is not None:
+    if differs and sizing is not None and answer.basis == "measured":
+        lines.append(
+            f"{len(differs)} figures of the uncalibrated simulation differ from the analytic "
+            "plan by more than 20% (reasons in \u201cAnalytic and simulated\u201d)."
+        )
+    elif differs and sizing is not None:
         lines.append(
             f"The analytic plan asks for {_replicas(sizing.replicas_with_failover)}; "
             f"{len(differs)} figures differ from the simulation by more than 20% "

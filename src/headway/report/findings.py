@@ -129,8 +129,9 @@ def latency_section(sim: dict[str, Any], bounds: dict[str, float]) -> str:
     return "<h2>Latency against offered load</h2><div class='plots'>" + "".join(charts) + "</div>"
 
 
-def replicas_section(sim: dict[str, Any]) -> str:
-    """Attainment at the steady peak by replica count, the planned count marked."""
+def replicas_section(sim: dict[str, Any], answer: dict[str, Any] | None = None) -> str:
+    """Attainment at the steady peak by replica count, the simulation's count marked; with
+    ``answer`` (the plan's) saying when a declared measurement leads instead."""
     search = sim.get("replica_search")
     if not search or not search["trials"]:
         return ""
@@ -138,7 +139,7 @@ def replicas_section(sim: dict[str, Any]) -> str:
     rules = [Rule(f"target {search['target']:.0%}", search["target"], axis="y")]
     if search["recommended"] is not None:
         rules.append(
-            Rule(f"planned {search['recommended']}", search["recommended"], color="#c2255c")
+            Rule(f"simulated {search['recommended']}", search["recommended"], color="#c2255c")
         )
     chart = line_chart(
         Frame(
@@ -172,12 +173,20 @@ def replicas_section(sim: dict[str, Any]) -> str:
         for p in trials
     ]
     lost = search["failures_tolerated"]
+    calibrated = sim.get("cluster", {}).get("step_time") == "profile"
+    kind = "calibrated" if calibrated else "uncalibrated (a roofline, not your engine)"
     words = (
-        f"<p>{search['holding_peak']} replicas hold the peak at target; with {lost} "
-        f"tolerated lost the plan is <b>{search['recommended']}</b>.</p>"
+        f"<p>In the {kind} simulation {search['holding_peak']} replicas hold the peak at "
+        f"target; with {lost} tolerated lost it asks for <b>{search['recommended']}</b>.</p>"
         if search["recommended"] is not None
         else "<p class='bad'>No replica count tried holds the peak at target.</p>"
     )
+    if answer is not None and answer.get("basis") == "measured":
+        words += (
+            f"<p class='bad'>The plan leads with <b>{answer['replicas']}</b>, sized from the "
+            f"capacity measured in routes.{html.escape(str(answer['route']))}.replica: a "
+            "measurement wins over an uncalibrated simulation.</p>"
+        )
     return (
         "<h2>Replicas for the peak</h2>"
         f"<div class='plots'>{chart}<div>{words}"

@@ -190,7 +190,7 @@ def render_plan_html(data: dict[str, Any]) -> str:
         sections += [
             findings.capacity_section(sim),
             findings.latency_section(sim, _slo_bounds(plan)),
-            findings.replicas_section(sim),
+            findings.replicas_section(sim, plan.get("answer")),
             findings.burst_section(sim),
             findings.tails_section(sim),
         ]

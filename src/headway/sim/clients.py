@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from headway.core.policy.charges import Phase
 from headway.core.policy.retries import (
     AttemptOutcome,
     FailureKind,
@@ -282,6 +283,7 @@ class ClientBehaviour(GatewayOffers):
         if replica < 0:
             if j in self._queued:
                 self._queued.discard(j)
+                self._settle(j, now, Phase.UNSENT, 0)
                 self._gateway_ended(j)
             return True
         if self._num_prefill and self._withdraw_disaggregated(j, now):
@@ -302,5 +304,6 @@ class ClientBehaviour(GatewayOffers):
             self._num_output_tokens[j] += 1  # the first token came from the prefill replica
         driver.outstanding_tokens -= tokens
         if self.gateway is not None:
-            self._left_replicas(j)
+            output = self._num_output_tokens[j]
+            self._left_replicas(j, now, Phase.DECODE if output else Phase.PREFILL, output)
         return True

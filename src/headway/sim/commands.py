@@ -181,10 +181,21 @@ def _sweep(args: argparse.Namespace) -> int:
     console.print(table)
     if result.knee is not None:
         k = result.knee
-        console.print(
-            f"knee: {k.load_factor:.3g}× the file's load ({k.offered_tasks_per_s:.3g} tasks/s, "
-            f"{k.offered_calls_per_s:.3g} calls/s) keeps attainment >= {k.target:.0%}"
-            if k.found
-            else f"even {k.upper_load_factor:.3g}× the file's load misses {k.target:.0%}"
-        )
+        if k.stopped == "saturated":
+            console.print(
+                f"no knee: attainment stays >= {k.target:.0%} up to saturation "
+                f"({k.saturation_calls_per_s or 0:.3g} calls/s completed at {k.load_factor:.3g}× "
+                "the file's load, hardly more than at half of it): the SLO does not limit "
+                "the load; the search stopped there"
+            )
+        else:
+            console.print(
+                f"knee: {k.load_factor:.3g}× the file's load ({k.offered_tasks_per_s:.3g} "
+                f"tasks/s, {k.offered_calls_per_s:.3g} calls/s) keeps attainment >= "
+                f"{k.target:.0%}"
+                if k.found
+                else f"even {k.upper_load_factor:.3g}× the file's load misses {k.target:.0%}"
+            )
+            if k.stopped == "max_rounds":
+                console.print("the search ran out of rounds before narrowing the knee")
     return 0

@@ -9,10 +9,11 @@ would start.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from headway.core.engine.scheduler import EngineRequest
+from headway.core.pickling import reduce_by_fields
 from headway.core.policy.autoscaler import Autoscaler
 from headway.core.policy.routing import Router
 from headway.sim.driver import IDLE, STEP, ReplicaDriver
@@ -52,6 +53,10 @@ class Disaggregation:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"disaggregation.{name} must be finite and >= 0 (got {value})")
+
+    def __reduce__(self) -> tuple[Callable[[], Disaggregation], tuple[()]]:
+        """Pickle by calling the class (compiled, the default refuses a frozen class)."""
+        return reduce_by_fields(self)
 
 
 def check_disaggregation(

@@ -14,6 +14,7 @@ from typing import cast
 
 from headway.core.engine.replica import ReplicaModel
 from headway.core.policy.autoscaler import Autoscaler, AutoscalerSignals, ScaleDown, ScaleUp
+from headway.core.policy.charges import Phase
 from headway.core.policy.retries import FailureKind
 from headway.sim.disaggregation import DisaggregatedHandoff
 from headway.sim.driver import IDLE, ReplicaDriver
@@ -107,6 +108,8 @@ class FleetChanges(DisaggregatedHandoff):
         for j in (*live, *in_flight_step):
             if self._first_token_s[j] > now:  # emitted at the end of the lost step
                 self._first_token_s[j] = math.nan
+            req = driver.model.scheduler.get_request(j)
+            output = 0 if req is None else req.num_output_tokens
             driver.model.abort(j)
             driver.outstanding_requests -= 1
             self._outstanding[driver.index] -= 1
@@ -115,7 +118,10 @@ class FleetChanges(DisaggregatedHandoff):
                 self._outcome[j] = FAILED
                 continue
             if self.gateway is not None:
-                self._left_replicas(j)
+                # The engine failed it: nothing is charged before output (a retry is a new
+                # attempt), the prompt and the output it streamed after (the live rule).
+                phase = Phase.DECODE if output else Phase.UNSENT
+                self._left_replicas(j, now, phase, output)
             self._num_lost_calls += 1
             self._retry_or_end(j, now, FailureKind.UPSTREAM_ERROR, FAILED)
         if self.gateway is not None:

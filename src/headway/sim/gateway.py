@@ -35,8 +35,10 @@ from headway.core.policy.admission import (
     LoadSnapshot,
     TenantLoad,
 )
+from headway.core.policy.charges import Phase, unused_tokens
 from headway.core.policy.decisions import Decision, Enqueue, Shed
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
+from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
 
 __all__ = ["GatewayConfig", "GatewayPreset", "SimGateway"]
 
@@ -98,8 +100,16 @@ class SimGateway:
     """
 
     def __init__(
-        self, config: GatewayConfig, *, num_replicas: int, max_num_seqs: int, block_size: int
+        self,
+        config: GatewayConfig,
+        *,
+        num_replicas: int,
+        max_num_seqs: int,
+        block_size: int,
+        speed_prior: SpeedPrior | None = None,
     ) -> None:
+        """``speed_prior``: the speeds admission predicts with before a call completes
+        (the live gateway's engine-model prior; None: no prediction until then)."""
         if config.preset != "headway-default":
             raise ValueError(
                 f"SimGateway implements the 'headway-default' preset, not {config.preset!r}; "
@@ -113,7 +123,7 @@ class SimGateway:
         self.slots_per_replica = per_replica
         self.total_slots = num_replicas * per_replica
         """Calls the gateway lets be dispatched (and unfinished) at once."""
-        reserved = self.queues.config.critical_reserved_slots
+        reserved = self.queues.config.reserved_slots(self.total_slots)
         if self.total_slots <= reserved:
             raise ValueError(
                 f"gateway: {num_replicas} replicas × {per_replica} slots = {self.total_slots} "
@@ -124,22 +134,17 @@ class SimGateway:
         """Dispatched, unfinished calls per band (the leases the queues ask about)."""
         self.in_flight: dict[str, int] = {}
         """Per tenant: calls admitted or enqueued and not yet ended."""
+        self.speeds = ServiceSpeeds(speed_prior)
+        """The prefill speed and TPOT admission predicts with, refined by completed calls
+        (the live gateway's own measurement)."""
 
     def set_replicas(self, num_replicas: int) -> None:
         """The ready replicas changed (a loss, a scale-up or -down): so do the slots."""
         self.total_slots = num_replicas * self.slots_per_replica
 
-    def snapshot(
-        self,
-        now: float,
-        *,
-        free_kv_blocks: int,
-        total_kv_blocks: int,
-        prefill_tokens_per_s: float | None,
-        tpot_s: float | None,
-    ) -> LoadSnapshot:
+    def snapshot(self, now: float, *, free_kv_blocks: int, total_kv_blocks: int) -> LoadSnapshot:
         """The load admission reads at ``now``: queue statistics and free slots from the
-        queues, the KV state of the replica the router picked, and measured speeds."""
+        queues, the KV state of the replica the router picked, and the speeds."""
         by_band = self.queues.free_slots_by_band(total_slots=self.total_slots, running=self.running)
         free_slots: dict[str, int] = dict(by_band.items())
         return LoadSnapshot(
@@ -148,8 +153,9 @@ class SimGateway:
             free_kv_blocks=free_kv_blocks,
             total_kv_blocks=total_kv_blocks,
             tenants={t: TenantLoad(in_flight_requests=n) for t, n in self.in_flight.items() if n},
-            prefill_tokens_per_s=prefill_tokens_per_s,
-            tpot_s=tpot_s,
+            prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
+            tpot_s=self.speeds.tpot_s,
+            dispatch_slots=self.total_slots,
         )
 
     def offer(
@@ -166,6 +172,24 @@ class SimGateway:
         if not isinstance(decision, Shed):
             self.in_flight[request.tenant] = self.in_flight.get(request.tenant, 0) + 1
         return decision
+
+    def settle(
+        self,
+        now: float,
+        tenant: str,
+        phase: Phase,
+        *,
+        cost_tokens: int,
+        prompt_tokens: int,
+        output_tokens: int,
+    ) -> None:
+        """An admitted or queued call ended in ``phase``: give its tenant back what the
+        core's charging rule says it did not use (as the live gateway does)."""
+        unused = unused_tokens(
+            phase, cost_tokens=cost_tokens, prompt_tokens=prompt_tokens, output_tokens=output_tokens
+        )
+        if unused > 0:
+            self.admission.refund(now, tenant, unused)
 
     def dispatched(self, band: Band) -> None:
         """A call of ``band`` took a dispatch slot."""

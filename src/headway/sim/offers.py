@@ -3,17 +3,19 @@
 Each attempt is offered with the load of the replica the router would pick: admitted
 attempts go there at once, queued ones when :meth:`GatewayOffers._pump` finds them a slot
 and unpromised KV blocks, shed ones go back to their client. Completed calls feed the
-measured prefill speed and TPOT that admission predicts with.
+speeds (:class:`~headway.core.policy.speeds.ServiceSpeeds`) admission predicts with. When
+an admitted or queued attempt ends, its tenant's budget is settled by the core's charging
+rule (:mod:`~headway.core.policy.charges`), as the live gateway settles it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Final
 
 import numpy as np
 
 from headway.core.policy.admission import AdmissionRequest
+from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Admit, Enqueue
 from headway.core.policy.queues import BANDS, Queued
 from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
@@ -23,9 +25,6 @@ from headway.sim.events import ATTEMPT_CODES, EV_GATEWAY_EXPIRY, EV_RETRY
 from headway.sim.fleet import FleetChanges
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
-
-_SPEED_EWMA_WEIGHT: Final = 0.1
-"""Weight of the newest completed call in the gateway's measured prefill speed and TPOT."""
 
 
 class GatewayOffers(FleetChanges):
@@ -44,8 +43,6 @@ class GatewayOffers(FleetChanges):
             for k in range(len(workload.class_names))
         ]
         self._class_max_tokens = [spec.classes[c].max_tokens for c in workload.class_names]
-        self._prefill_tokens_per_s: float | None = None
-        self._tpot_s: float | None = None
         self._ticket: dict[int, int] = {}
         """Per call: the retry ticket of its last shed, presented with its next retry."""
 
@@ -75,8 +72,6 @@ class GatewayOffers(FleetChanges):
             now,
             free_kv_blocks=max(0, min(driver.free_kv_blocks, self._unpromised_kv_blocks(driver))),
             total_kv_blocks=driver.model.scheduler.pool.num_blocks,
-            prefill_tokens_per_s=self._prefill_tokens_per_s,
-            tpot_s=self._tpot_s,
         )
         decision = gateway.offer(now, j * ATTEMPT_CODES + self._attempts[j], request, load)
         if isinstance(decision, Admit):
@@ -112,14 +107,18 @@ class GatewayOffers(FleetChanges):
             self._shed_reason[j] = SHED_CODE[decision.reason]
             self._call_unserved(j, now)
 
-    def _projected_kv_blocks(self, j: int) -> int:
-        """KV blocks the gateway projects for call ``j``: its prompt plus its ``max_tokens``,
-        or its class's p95 output when it sends none (the admission policy's rule)."""
+    def _cost_tokens(self, j: int) -> int:
+        """What admission charges call ``j``: its prompt plus its ``max_tokens``, or its
+        class's p95 output when it sends none (the admission policy's rule)."""
         k = self._task_class[self._call_task[j]]
         max_tokens = self._class_max_tokens[k]
         output: int = self._class_p95_output[k] if max_tokens is None else max_tokens
         tokens: int = self._call_in[j] + output
-        return -(-tokens // self._block_size)
+        return tokens
+
+    def _projected_kv_blocks(self, j: int) -> int:
+        """KV blocks the gateway projects for call ``j``: ``ceil(cost / block_size)``."""
+        return -(-self._cost_tokens(j) // self._block_size)
 
     def _unpromised_kv_blocks(self, driver: ReplicaDriver) -> int:
         """Blocks of ``driver``'s pool that no dispatched call has been projected to need."""
@@ -165,6 +164,7 @@ class GatewayOffers(FleetChanges):
             self._outcome[j] = TIMED_OUT
             self._live_calls -= 1
             self._finish_s[j] = now
+            self._settle(j, now, Phase.UNSENT, 0)
             self._gateway_ended(j)
             self._call_unserved(j, now)
 
@@ -176,29 +176,39 @@ class GatewayOffers(FleetChanges):
             return -1
         return j
 
-    def _left_replicas(self, j: int) -> None:
-        """A dispatched call finished or was cancelled: free its gateway slot and the KV
-        blocks the gateway projected for it."""
+    def _left_replicas(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
+        """A dispatched call finished, was cancelled or lost its replica (in ``phase``,
+        having generated ``output_tokens``): free its gateway slot and the KV blocks the
+        gateway projected for it, and settle its tenant's charge."""
         assert self.gateway is not None
         self.gateway.release(BANDS[self._call_prio[j]])
         self.drivers[self._replica[j]].reserved_kv_blocks -= self._projected_kv_blocks(j)
+        self._settle(j, now, phase, output_tokens)
         self._gateway_ended(j)
+
+    def _settle(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
+        """Give call ``j``'s tenant back what the charging rule says it did not use."""
+        assert self.gateway is not None
+        self.gateway.settle(
+            now,
+            self._call_tenant[j],
+            phase,
+            cost_tokens=self._cost_tokens(j),
+            prompt_tokens=self._call_in[j],
+            output_tokens=output_tokens,
+        )
 
     def _gateway_ended(self, j: int) -> None:
         assert self.gateway is not None
         self.gateway.ended(self._call_tenant[j])
 
     def _measure_speeds(self, j: int, now: float) -> None:
-        """Fold a completed call into the measured prefill speed and TPOT (EWMAs) that
-        admission uses to predict service times."""
-        weight = _SPEED_EWMA_WEIGHT
-        first_s, admitted_s = self._first_token_s[j], self._admitted_s[j]
-        if first_s > admitted_s:
-            speed = self._call_in[j] / (first_s - admitted_s)
-            old = self._prefill_tokens_per_s
-            self._prefill_tokens_per_s = speed if old is None else old + weight * (speed - old)
-        out = self._call_out[j]
-        if out > 1 and now >= first_s:
-            tpot = (now - first_s) / (out - 1)
-            prev = self._tpot_s
-            self._tpot_s = tpot if prev is None else prev + weight * (tpot - prev)
+        """Fold a completed call into the speeds admission predicts service times with
+        (its time to first token and its decode, from its dispatch)."""
+        gateway = self.gateway
+        assert gateway is not None
+        admitted_s = self._admitted_s[j]
+        gateway.speeds.observe_stream(
+            self._call_in[j], self._call_out[j], self._first_token_s[j] - admitted_s,
+            now - admitted_s,
+        )  # fmt: skip

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from headway.core.policy.autoscaler import Autoscaler
 from headway.core.policy.routing import Router
+from headway.core.policy.speeds import prior_from_step_time
 from headway.core.trace_data import TraceData
 from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
@@ -31,11 +32,15 @@ def simulate_compiled(
     replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
     gateway = None
     if cluster.gateway.preset == "headway-default":
+        config = resolve_gateway(workload, cluster, step_time)
+        slots = config.slots_per_replica or cluster.engine.max_num_seqs
         gateway = SimGateway(
-            resolve_gateway(workload, cluster, step_time),
+            config,
             num_replicas=cluster.replicas,
             max_num_seqs=cluster.engine.max_num_seqs,
             block_size=cluster.engine.block_size,
+            # The engine model's speeds at a full batch, as the live gateway's prior.
+            speed_prior=prior_from_step_time(step_time, num_seqs=slots),
         )
     router = Router(kind=cluster.router)
     autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from headway.core.engine.replica import DecodeRun, StepResult
     from headway.core.policy.autoscaler import Autoscaler
+    from headway.core.policy.charges import Phase
     from headway.core.policy.retries import FailureKind, RetryPolicy
     from headway.core.policy.routing import Router
     from headway.core.workload.compile import CompiledWorkload
@@ -193,7 +194,10 @@ class SimState:
     def _projected_kv_blocks(self, j: int) -> int:
         raise NotImplementedError
 
-    def _left_replicas(self, j: int) -> None:
+    def _left_replicas(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
+        raise NotImplementedError
+
+    def _settle(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
         raise NotImplementedError
 
     def _gateway_ended(self, j: int) -> None:

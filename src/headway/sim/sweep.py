@@ -5,6 +5,11 @@ with one seed. Points run in parallel worker processes. The knee search brackets
 knee by doubling, then narrows the bracket with ``jobs`` interior points per round
 (k-section; bisection when ``jobs`` is 1) until it is within ``tolerance`` (relative).
 Attainment is over offered calls, so shed or unfinished work counts against it.
+
+The doubling stops early when a doubled load completes hardly more calls than the load
+before it (the cluster is saturated) while attainment still meets the target: the SLO
+does not bind there, and doubling on would only simulate ever longer queues (a workload
+without an SLO went on to 4096x). :attr:`Knee.stopped` says which way a search ended.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -20,10 +25,17 @@ from headway.core.trace_data import TraceData
 from headway.core.workload.compile import compile_workload
 from headway.core.workload.scale import scale_workload
 from headway.core.workload.spec import WorkloadSpec
+from headway.core.workload.validate import require_latency_slo
 from headway.sim.cluster import ClusterSpec
 from headway.sim.run import simulate_compiled
 
 SCHEMA = "headway.sweep/1"
+
+SATURATION_GROWTH = 1.05
+"""A doubled load that completes less than this × the calls/s of the load before it
+has saturated the cluster."""
+
+KneeStop = Literal["narrowed", "saturated", "max_rounds"]
 
 
 class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +68,14 @@ class Knee(msgspec.Struct, frozen=True, kw_only=True):
     offered_calls_per_s: float
     found: bool
     """False when even the smallest factor tried misses the target."""
+    stopped: KneeStop = "narrowed"
+    """Why the search ended: ``narrowed`` (the bracket is within the tolerance),
+    ``saturated`` (doubling the load no longer raised the completed calls/s while
+    attainment stayed at target: the SLO does not limit the load, the cluster's
+    capacity does; ``load_factor`` is the last load tried, ``upper_load_factor`` inf),
+    ``max_rounds`` (the rounds ran out first)."""
+    saturation_calls_per_s: float | None = None
+    """With ``saturated``: the completed calls/s the doubling stopped at."""
 
 
 class SweepResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,6 +135,8 @@ class KneePoint(Protocol):
     def offered_tasks_per_s(self) -> float: ...
     @property
     def offered_calls_per_s(self) -> float: ...
+    @property
+    def throughput_requests_per_s(self) -> float: ...
 
 
 P = TypeVar("P", bound=KneePoint)
@@ -168,15 +190,28 @@ def search_knee(
         p = run([factor])[0]
         points.append(p)
         if ok(p):
+            before = lo_p
             lo_p = p if lo_p is None or p.load_factor > lo_p.load_factor else lo_p
+            if (
+                hi_p is None
+                and before is not None
+                and p.throughput_requests_per_s
+                < SATURATION_GROWTH * before.throughput_requests_per_s
+            ):
+                at = p.throughput_requests_per_s
+                return _knee(target, lo_p, None, lo_p, "saturated", at), points
         else:
             hi_p = p if hi_p is None or p.load_factor < hi_p.load_factor else hi_p
     if lo_p is None or hi_p is None:
         edge = lo_p or hi_p
         assert edge is not None
-        return _knee(target, lo_p, hi_p, edge), points
+        return _knee(target, lo_p, hi_p, edge, "max_rounds"), points
+
+    def narrow(lo: P, hi: P) -> bool:
+        return hi.load_factor - lo.load_factor <= tolerance * lo.load_factor
+
     for _ in range(max_rounds):
-        if hi_p.load_factor - lo_p.load_factor <= tolerance * lo_p.load_factor:
+        if narrow(lo_p, hi_p):
             break
         k = max(1, jobs)
         step = (hi_p.load_factor - lo_p.load_factor) / (k + 1)
@@ -188,10 +223,18 @@ def search_knee(
         for p in sorted(batch, key=lambda q: q.load_factor, reverse=True):
             if not ok(p) and p.load_factor < hi_p.load_factor and p.load_factor > lo_p.load_factor:
                 hi_p = p
-    return _knee(target, lo_p, hi_p, lo_p), points
+    stopped: KneeStop = "narrowed" if narrow(lo_p, hi_p) else "max_rounds"
+    return _knee(target, lo_p, hi_p, lo_p, stopped), points
 
 
-def _knee(target: float, lo: KneePoint | None, hi: KneePoint | None, edge: KneePoint) -> Knee:
+def _knee(
+    target: float,
+    lo: KneePoint | None,
+    hi: KneePoint | None,
+    edge: KneePoint,
+    stopped: KneeStop,
+    saturation_calls_per_s: float | None = None,
+) -> Knee:
     found = lo is not None
     at = lo if lo is not None else edge
     return Knee(
@@ -201,6 +244,8 @@ def _knee(target: float, lo: KneePoint | None, hi: KneePoint | None, edge: KneeP
         offered_tasks_per_s=at.offered_tasks_per_s if found else 0.0,
         offered_calls_per_s=at.offered_calls_per_s if found else 0.0,
         found=found,
+        stopped=stopped,
+        saturation_calls_per_s=saturation_calls_per_s,
     )
 
 
@@ -215,7 +260,10 @@ def sweep(
     traces: Mapping[str, TraceData] | None = None,
     tolerance: float = 0.02,
 ) -> SweepResult:
-    """Simulate each load factor, or search for the knee, in ``jobs`` processes."""
+    """Simulate each load factor, or search for the knee, in ``jobs`` processes (the
+    search needs a latency SLO)."""
+    if search:
+        require_latency_slo(spec, "`sweep --search`")
     seed = spec.seed if seed is None else seed
     executor = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from headway.core.downstream import DownstreamConfig, DownstreamService
+from headway.core.policy.charges import Phase
 from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.clients import ClientBehaviour
@@ -91,7 +92,7 @@ class TaskFlow(ClientBehaviour):
         driver.outstanding_tokens -= self._call_in[r] + self._call_out[r]
         if self.gateway is not None:
             self._measure_speeds(r, now)
-            self._left_replicas(r)
+            self._left_replicas(r, now, Phase.COMPLETED, self._call_out[r])
             self._pump(now)
         j = r
         if r >= self._num_calls:

@@ -1,5 +1,6 @@
 """The ``headway trace`` verbs: ``stats FILE [--format F] [--json]`` and
-``fit FILE -o WORKLOAD.yaml [--bin-s S] [--max-pairs N] [--seed N]``.
+``fit FILE -o WORKLOAD.yaml [--bin-s S] [--max-pairs N] [--seed N] [--slo-ttft-s S]
+[--slo-tpot-s S] [--slo-target F]`` (the SLO and planning it writes are defaults to edit).
 
 Each sub-verb is one ``_add_<verb>(verbs)`` function that adds its parser and sets
 ``handler`` (``args -> exit code``) with ``set_defaults``; :func:`register` calls them in
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from headway.core.errors import ConfigError
+from headway.core.workload.spec import Planning, Slo
 from headway.trace.readers import FORMATS, read_trace
 from headway.trace.stats import trace_stats
 
@@ -120,6 +122,20 @@ def _add_fit(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--max-pairs", type=int, default=4000, help="token pairs kept (default 4000)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fitted workload")
+    parser.add_argument(
+        "--slo-ttft-s",
+        type=float,
+        default=None,
+        help="the class's TTFT bound (default 2 s: a placeholder to edit)",
+    )
+    parser.add_argument(
+        "--slo-tpot-s",
+        type=float,
+        default=None,
+        help="the class's TPOT bound (default 0.1 s: a placeholder to edit)",
+    )
+    parser.add_argument("--slo-target", type=float, default=None,
+                        help="the share of calls that must meet it (default 0.9)")  # fmt: skip
     parser.set_defaults(handler=_fit)
 
 
@@ -133,9 +149,53 @@ def _fit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bin-s must be > 0 (got {args.bin_s}); try 60")
     if args.max_pairs < 1:
         raise ConfigError(f"--max-pairs must be >= 1 (got {args.max_pairs}); try 4000")
+    slo, given = _fit_slo(args)
     trace = read_trace(args.file, args.trace_format)
-    spec = fit_workload(trace, bin_s=args.bin_s, max_pairs=args.max_pairs, seed=args.seed)
-    header = f"# {spec.description}\n# headway trace fit {args.file} -o {args.output}\n"
-    write_text_atomic(args.output, header + dump_workload(spec))
-    sys.stdout.write(f"wrote {args.output}\n")
+    spec = fit_workload(trace, bin_s=args.bin_s, max_pairs=args.max_pairs, seed=args.seed, slo=slo)
+    header = (
+        f"# {spec.description}\n# headway trace fit {args.file} -o {args.output}\n"
+        "# classes.trace.slo and planning (at the end) are defaults to edit, not measurements.\n"
+    )
+    what = "as given" if given else "a default of `headway trace fit`: edit it to your promise"
+    text = dump_workload(spec).replace("\n    slo: ", f"\n    # The SLO is {what}.\n    slo: ", 1)
+    write_text_atomic(args.output, header + text + _PLANNING)
+    bounds = f"TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s, {slo.attainment_target:.0%}"
+    edit = "as given" if given else "a default: edit it, or pass --slo-ttft-s and --slo-tpot-s"
+    sys.stdout.write(
+        f"wrote {args.output}\n"
+        f"  slo ({bounds}) is {edit}\n"
+        f"  planning (planning_factor {_DEFAULTS.planning_factor:g}, failures_tolerated "
+        f"{_DEFAULTS.failures_tolerated}) is a default: edit it\n"
+        "  a trace names no model and no price: `plan` simulates its default cluster and "
+        "gives no cost per task; pass --cluster (or --profile from `headway calibrate`) "
+        "and set routes.default.replica.price_per_hour\n"
+    )
     return 0
+
+
+_DEFAULTS = Planning()
+_PLANNING = (
+    "# Written by `headway trace fit` as defaults: edit them to your fleet.\n"
+    "planning:\n"
+    f"  planning_factor: {_DEFAULTS.planning_factor:g}  # plan each replica at this share of "
+    "its capacity\n"
+    f"  failures_tolerated: {_DEFAULTS.failures_tolerated}  # replicas that may be lost while "
+    "the rest hold the peak\n"
+    "# No price: the plan gives no cost per successful task until you set\n"
+    "# routes.default.replica.price_per_hour (and routes.default.model for your model).\n"
+)
+
+
+def _fit_slo(args: argparse.Namespace) -> tuple[Slo, bool]:
+    """The fitted class's SLO from the flags, and whether any was given."""
+    from headway.trace.fit import DEFAULT_SLO
+
+    flags = (args.slo_ttft_s, args.slo_tpot_s, args.slo_target)
+    ttft_s = DEFAULT_SLO.ttft_s if args.slo_ttft_s is None else args.slo_ttft_s
+    tpot_s = DEFAULT_SLO.tpot_s if args.slo_tpot_s is None else args.slo_tpot_s
+    target = DEFAULT_SLO.attainment_target if args.slo_target is None else args.slo_target
+    try:
+        slo = Slo(ttft_s=ttft_s, tpot_s=tpot_s, attainment_target=target)
+    except ValueError as error:
+        raise ConfigError(f"--slo-ttft-s, --slo-tpot-s, --slo-target: {error}") from None
+    return slo, any(v is not None for v in flags)

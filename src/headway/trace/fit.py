@@ -6,6 +6,10 @@ the rate profile is taken out (time-rescaled gaps: ``Λ(t[i+1]) − Λ(t[i])``),
 class whose tokens are a ``joint_tokens`` table of observed (input, output) pairs, so the
 input/output correlation is kept. Quantised timestamps are spread over their tick before
 the CV is measured, as a replay with ``tick_policy: auto`` would.
+
+A trace records no promise, so the class gets :data:`DEFAULT_SLO` (or the one given):
+without a latency bound every load meets the SLO and ``plan`` has no knee to find.
+``headway trace fit`` says so in the file and on the terminal: it is a default to edit.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from headway.core.workload.spec import (
     WorkloadSpec,
 )
 
+DEFAULT_SLO = Slo(ttft_s=2.0, tpot_s=0.1)
+"""The fitted class's SLO unless one is given: first token within 2 s and 10 tokens/s
+after it (an interactive chat's), 90% attainment. A placeholder for your promise."""
+
 
 def rescaled_gap_cv(arrival_s: np.ndarray, profile: RateProfile) -> float:
     """CV of the gaps after mapping times through the cumulative rate ``Λ``."""
@@ -44,9 +52,15 @@ def rescaled_gap_cv(arrival_s: np.ndarray, profile: RateProfile) -> float:
 
 
 def fit_workload(
-    trace: TraceData, *, bin_s: float = 10.0, max_pairs: int = 4000, seed: int = 0
+    trace: TraceData,
+    *,
+    bin_s: float = 10.0,
+    max_pairs: int = 4000,
+    seed: int = 0,
+    slo: Slo = DEFAULT_SLO,
 ) -> WorkloadSpec:
-    """A workload whose compiled runs reproduce ``trace``'s rate profile and lengths."""
+    """A workload whose compiled runs reproduce ``trace``'s rate profile and lengths, its
+    class promised ``slo``."""
     n = len(trace)
     if n < 2:
         raise TraceError(f"trace {trace.name!r} has {n} request(s); fitting needs at least 2")
@@ -99,7 +113,7 @@ def fit_workload(
                     max_input_tokens=int(trace.input_tokens.max()) or None,
                     max_output_tokens=int(trace.output_tokens.max()) or None,
                 ),
-                slo=Slo(),
+                slo=slo,
             )
         },
         sources=[

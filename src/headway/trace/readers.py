@@ -246,27 +246,31 @@ def _strip_all(fields: Sequence[str]) -> list[str]:
 
 
 def _csv_rows(source: _Source) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
-    """The header's line and names, and every non-blank data row with its line number."""
+    """The header's line and names, and every non-blank data row with its line number (the
+    line a row starts on: a quoted field may span lines, and a stray quote makes one row
+    of the rest of the file)."""
     reader = csv.reader(io.StringIO(source.text, newline=""))
     header: list[str] | None = None
     header_line = 0
     rows: list[tuple[int, list[str]]] = []
+    last_line = 0
     try:
         for row in reader:
+            line, last_line = last_line + 1, reader.line_num
             if not any(field.strip() for field in row):
                 continue
             if header is None:
-                header, header_line = _strip_all(row), reader.line_num
+                header, header_line = _strip_all(row), line
                 continue
             if len(row) != len(header):
                 raise source.error_at(
-                    reader.line_num,
+                    line,
                     f"has {len(row)} fields but the header has {len(header)} "
                     f"({','.join(header)}); fix the row's commas or quoting",
                 )
-            rows.append((reader.line_num, row))
+            rows.append((line, row))
     except csv.Error as exc:
-        raise source.error_at(reader.line_num, f"is not valid CSV ({exc})") from None
+        raise source.error_at(last_line + 1, f"is not valid CSV ({exc})") from None
     if header is None:  # pragma: no cover - _Source.load rejects blank files
         raise TraceError(f"{source.label}: the file is empty")
     duplicates = sorted({name for name in header if header.count(name) > 1})

@@ -9,6 +9,7 @@ import pytest
 
 from headway.bench.records import OK, STATUS, TIMEOUT, CallRecords
 from headway.bench.schedule import peak_rate_per_s, shard_plans
+from headway.bench.sent_trace import sent_rows
 from headway.bench.summary import Budgets, Cost, Outcomes, checks, pacing, summarize_run
 from headway.core.workload.compile import compile_workload
 from headway.files.workload import parse_workload
@@ -99,3 +100,37 @@ def test_budget_checks() -> None:
     r.sent_s[50:] += np.linspace(0, 5, 50)  # the sender falls behind
     failed = {c.name for c in checks(pacing(r), Budgets()) if not c.passed}
     assert failed == {"lateness_p99_s", "rate_ratio"}
+
+
+def test_served_tokens_are_compared_with_the_asked_and_drift_warns_past_two_percent() -> None:
+    """The summary has asked and served totals; +10% prompt drift warns, +1% does not."""
+    w = compile_workload(_spec())  # 20 calls of 5 input and 11 output tokens
+    r = _records(w.num_calls)
+    r.usage[:] = True
+    r.prompt_tokens[:] = 5
+    r.prompt_tokens[:2] = 10  # +10 of 100 asked
+    r.error[19] = TIMEOUT  # not completed: left out of both totals
+    t = _summary(w, r).tokens
+    assert (t.asked_prompt_tokens, t.prompt_tokens_reported) == (95, 105)
+    assert (t.asked_output_tokens, t.output_tokens) == (209, 209)
+    assert t.prompt_drift == pytest.approx(10 / 95) and t.output_drift == 0.0
+    (line,) = _summary(w, r).warnings
+    assert "prompt tokens are +10.5%" in line and "sent-trace.jsonl" in line
+    r.prompt_tokens[:2] = 5
+    r.prompt_tokens[2] = 6  # +1 of 95: within 2%
+    assert _summary(w, r).warnings == []
+
+
+def test_the_sent_trace_has_the_served_counts_in_send_order() -> None:
+    """Rows by send time from the first send; served counts, asked where none came back."""
+    w = compile_workload(_spec(duration=0.3))
+    r = _records(w.num_calls)
+    r.sent_s[:] = [0.5, 0.2, 0.3]
+    r.prompt_tokens[:] = [7, -1, 9]
+    r.error[2] = TIMEOUT
+    rows = sent_rows(w, r)
+    assert rows == [
+        {"timestamp_s": 0.0, "input_tokens": 5, "output_tokens": 11},
+        {"timestamp_s": pytest.approx(0.1), "input_tokens": 9, "output_tokens": 11},
+        {"timestamp_s": pytest.approx(0.3), "input_tokens": 7, "output_tokens": 11},
+    ]

@@ -13,9 +13,8 @@ from headway.core.engine.steptime import AffineStepTime
 
 TRUTH = AffineStepTime(
     overhead_s=0.005, per_prefill_token_s=6e-5, per_prefill_pair_s=2e-9,
-    per_decode_seq_s=2.5e-4, per_decode_kv_token_s=3e-7,
+    per_decode_seq_s=2.5e-4, per_decode_kv_token_s=3e-7, per_prefill_seq_s=0.003,
 )  # fmt: skip
-REQUEST_OVERHEAD_S = 0.003
 
 
 def _samples(stall_every: int = 0) -> Samples:
@@ -24,7 +23,7 @@ def _samples(stall_every: int = 0) -> Samples:
     for p in (256, 1024, 4096, 8192, 16384):
         chunks = math.ceil(p / 8192)
         prefill = p * t.per_prefill_token_s + p * (p + 1) / 2 * t.per_prefill_pair_s
-        ttft.append((p, chunks, REQUEST_OVERHEAD_S + chunks * t.overhead_s + prefill))
+        ttft.append((p, chunks, chunks * (t.overhead_s + t.per_prefill_seq_s) + prefill))
     gaps = []
     n = 0
     for b in (1, 2, 4, 8, 16):
@@ -44,7 +43,6 @@ def test_fit_recovers_the_truth(stall_every: int) -> None:
     fit = fit_step_time(_samples(stall_every))
     for name in TRUTH.__dataclass_fields__:
         assert getattr(fit.step_time, name) == pytest.approx(getattr(TRUTH, name), rel=1e-3)
-    assert fit.request_overhead_s == pytest.approx(REQUEST_OVERHEAD_S, rel=1e-3)
 
 
 def test_too_few_samples_is_an_error() -> None:
@@ -57,3 +55,5 @@ def test_plan_drops_probes_longer_than_the_model() -> None:
     assert shapes and all(s.prompt_tokens + s.output_tokens <= 8192 for s in shapes)
     with pytest.raises(ValueError, match="3 distinct lengths"):
         ProbePlan(prefill_prompt_tokens=(128, 256))
+    with pytest.raises(ValueError, match="only 2 of the prefill prompt lengths"):
+        ProbePlan(prefill_prompt_tokens=(128, 256, 4096)).shapes(max_model_len=2048)

@@ -23,7 +23,6 @@ must not block others. ``HEADWAY_FUZZ_EXAMPLES`` multiplies the example counts; 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -72,14 +71,7 @@ class _Gateway:
         self.emulator = emulator
         self.gateway = gateway
         self.url = gateway.url
-        self.stderr: list[str] = []
-        proc = gateway.proc
-        assert proc is not None and proc.stderr is not None
-        stream = proc.stderr
-        self._reader = threading.Thread(
-            target=lambda: self.stderr.extend(iter(stream.readline, "")), daemon=True
-        )
-        self._reader.start()
+        self.stderr = gateway.output  # drained by the process helper
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ wall-clock controller (admission, queues, slots, dead queued leases, expiry)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from typing import Any
 
@@ -13,7 +15,7 @@ from headway.core.errors import ConfigError
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.gateway.config import parse_config
-from headway.gateway.control import Controller, Lease, LiveSpeeds
+from headway.gateway.control import Controller, Lease, speed_prior
 from headway.gateway.metrics import Registry
 from headway.gateway.server import _stream_usage, status_for
 
@@ -93,7 +95,10 @@ def _request(tenant: str = "a", **extra: Any) -> AdmissionRequest:
 
 
 def test_controller_admits_queues_skips_dead_and_expires() -> None:
-    config = parse_config(_cfg(slots_per_upstream=1, queues={"critical_reserved_slots": 0}))
+    # A fast prior, so that a 20 ms deadline is not refused at arrival: it must expire.
+    config = parse_config(
+        _cfg(slots_per_upstream=1, tpot_s=1e-6, queues={"critical_reserved_slots": 0})
+    )
 
     async def scenario() -> None:
         ctl = Controller(config)
@@ -239,28 +244,123 @@ def test_abandoned_queued_requests_free_the_tenants_bound_at_once() -> None:
     asyncio.run(scenario())
 
 
-def test_live_speeds_feed_the_deadline_estimate_once_measured() -> None:
-    """Without ``tpot_s`` the gateway measures it from streamed answers (after 20); a call
-    whose output alone cannot finish before its deadline is then refused at arrival. With
-    ``measure_speeds: false`` there is no estimate."""
-    speeds = LiveSpeeds(min_samples=3)
-    speeds.observe(0.5, 1)  # too short to say anything
-    speeds.observe(-1.0, 50)
-    assert speeds.samples == 0 and speeds.tpot_s is None
-    for _ in range(3):
-        speeds.observe(0.5, 50)
-    assert speeds.tpot_s == pytest.approx(0.01)
+def test_whole_answers_refine_the_speeds_that_feed_the_deadline_estimate() -> None:
+    """Non-streamed answers are measured too (issue 15, defect 5): a prior of 1 ms per
+    token admits 1,000 tokens against a 2 s deadline; twenty whole answers of 100 tokens
+    that took 1 s each (10 ms per token) teach the gateway otherwise, and the same call is
+    refused at arrival. With ``measure_speeds: false`` the prior alone decides."""
 
-    async def scenario(measure: bool) -> Shed | Lease:
-        ctl = Controller(parse_config(_cfg(measure_speeds=measure)))
+    async def scenario(measure: bool) -> tuple[Shed | Lease, Shed | Lease, float | None]:
+        ctl = Controller(parse_config(_cfg(tpot_s=0.001, measure_speeds=measure)))
+
+        def late() -> AdmissionRequest:
+            return AdmissionRequest(
+                tenant="a", prompt_tokens=10, p95_output_tokens=1000, max_tokens=1000,
+                deadline_s=ctl.now() + 2.0,
+            )  # fmt: skip
+
+        before = ctl.offer(late())
+        if isinstance(before, Lease):
+            ctl.release(before)
         for _ in range(20):
-            ctl.speeds.observe(1.0, 100)  # 10 ms per token
-        late = AdmissionRequest(
-            tenant="a", prompt_tokens=10, p95_output_tokens=1000, max_tokens=1000,
-            deadline_s=ctl.now() + 2.0,
-        )  # fmt: skip
-        return ctl.offer(late)
+            ctl.observe_whole(10, 100, 1.0)
+        return before, ctl.offer(late()), ctl.tpot_s()
 
-    refused = asyncio.run(scenario(True))
-    assert isinstance(refused, Shed) and refused.reason is ShedReason.DEADLINE_UNMEETABLE
-    assert isinstance(asyncio.run(scenario(False)), Lease)
+    before, after, tpot_s = asyncio.run(scenario(True))
+    assert isinstance(before, Lease)
+    assert tpot_s is not None and 0.008 < tpot_s <= 0.01
+    assert isinstance(after, Shed) and after.reason is ShedReason.DEADLINE_UNMEETABLE
+    before, after, tpot_s = asyncio.run(scenario(False))
+    assert isinstance(before, Lease) and isinstance(after, Lease) and tpot_s == 0.001
+
+
+def test_streamed_answers_measure_prefill_and_decode_apart() -> None:
+    ctl = Controller(parse_config(_cfg(tpot_s=0.001, prefill_tokens_per_s=100_000)))
+    for _ in range(60):
+        ctl.observe_stream(1000, 101, 0.5, 1.5)  # 2,000 prompt tokens/s; 10 ms per token
+    assert ctl.tpot_s() == pytest.approx(0.01, rel=0.01)
+    assert ctl.speeds.prefill_tokens_per_s == pytest.approx(2000, rel=0.01)
+
+
+def test_the_speed_prior_comes_from_the_config_a_profile_or_the_engine_model(
+    tmp_path: Any,
+) -> None:
+    """Before any answer, the estimate has a prior (issue 14, defect 6): the configured
+    speeds, a calibrated profile, or the engine model's roofline at the slot count."""
+    assert speed_prior(parse_config(_cfg(tpot_s=0.05))).tpot_s == 0.05
+    step = {"overhead_s": 0.02, "per_prefill_token_s": 1e-4, "per_prefill_pair_s": 0.0,
+            "per_decode_seq_s": 1e-3, "per_decode_kv_token_s": 0.0}  # fmt: skip
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"format": "headway-profile/1", "step_time": step}))
+    profiled = speed_prior(parse_config(_cfg(profile=str(path), slots_per_upstream=8)))
+    assert profiled.tpot_s == pytest.approx(0.02 + 8 * 1e-3)
+    engine = speed_prior(parse_config(_cfg(slots_per_upstream=4)))
+    busier = speed_prior(parse_config(_cfg(slots_per_upstream=64)))
+    assert 0 < engine.tpot_s < busier.tpot_s < 1.0
+    assert math.isfinite(engine.prefill_tokens_per_s)
+    with pytest.raises(ConfigError, match="engine_model: unknown model 'nosuch'"):
+        speed_prior(parse_config(_cfg(engine_model="nosuch")))
+    with pytest.raises(ConfigError, match="engine_gpu"):
+        speed_prior(parse_config(_cfg(engine_gpu="nosuch")))
+    assert Controller(parse_config(_cfg())).tpot_s() == pytest.approx(
+        speed_prior(parse_config(_cfg())).tpot_s
+    )
+
+
+def test_a_small_pool_keeps_its_slots_and_its_first_refusal_says_when() -> None:
+    """Issue 14, defect 6, at the gateway's defaults: 4 slots are all interactive (the old
+    default reserved 2 for critical), and the first refusal of a burst, before anything
+    completed, carries the time the queue needs at the prior's speeds, not the 60 s cap."""
+    config = parse_config(_cfg(slots_per_upstream=4, tpot_s=0.01, queues={
+        "max_queued_per_tenant": 8}))  # fmt: skip
+
+    async def scenario() -> tuple[int, Shed]:
+        ctl = Controller(config)
+        leases = [ctl.offer(_request(max_tokens=100)) for _ in range(12)]
+        dispatched = sum(1 for x in leases if isinstance(x, Lease) and x.upstream is not None)
+        shed = ctl.offer(_request(max_tokens=100))
+        assert isinstance(shed, Shed)
+        return dispatched, shed
+
+    dispatched, shed = asyncio.run(scenario())
+    assert dispatched == 4
+    assert shed.reason is ShedReason.QUEUE_FULL
+    # 8 queued + 0 promised over 4 slots, each served in 0.1 s (the expected output is
+    # the class's p95, 10 tokens, at 10 ms): 0.2 s.
+    assert shed.retry_after_s == pytest.approx(8 * 0.1 / 4, rel=0.05)
+    assert shed.ticket is not None
+
+
+def test_an_expired_lease_is_refunded_once() -> None:
+    # A 1,000-token bucket that barely refills; each request costs 400 tokens.
+    config = parse_config(
+        _cfg(
+            slots_per_upstream=1,
+            queues={"critical_reserved_slots": 0},
+            tenants={"k": {"name": "a", "token_rate_per_s": 0.001, "burst_s": 1_000_000}},
+            # Speeds so fast that the 20 ms deadline is judged reachable at arrival: the
+            # request waits in the queue and expires there.
+            tpot_s=1e-6,
+            prefill_tokens_per_s=1e9,
+        )
+    )
+    cost = {"prompt_tokens": 200, "p95_output_tokens": 200}
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        bucket = ctl.admission
+        start = bucket.tokens_available(ctl.now(), "a")
+        assert start is not None
+        first = ctl.offer(AdmissionRequest(tenant="a", **cost))
+        assert isinstance(first, Lease) and first.upstream is not None
+        late = ctl.offer(AdmissionRequest(tenant="a", deadline_s=ctl.now() + 0.02, **cost))
+        assert isinstance(late, Lease) and late.upstream is None
+        outcome = await asyncio.wait_for(late.ready, 1.0)
+        assert isinstance(outcome, Shed) and outcome.reason is ShedReason.EXPIRED
+        # The server releases every lease with what it did not use: all of an expired one.
+        ctl.release(late, unused_tokens=late.cost_tokens)
+        level = bucket.tokens_available(ctl.now(), "a")
+        assert level == pytest.approx(start - 400, abs=1.0)  # the first one's 400 only
+        ctl.release(first, completed=True)
+
+    asyncio.run(scenario())

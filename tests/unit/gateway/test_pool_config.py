@@ -25,6 +25,7 @@ from headway.gateway.probe import (
     fingerprint_digest,
     judge,
     parse_engine_metrics,
+    token_ids_fingerprint,
 )
 
 URL = "http://127.0.0.1:8000"
@@ -87,6 +88,10 @@ def test_fingerprint_sources_in_order() -> None:
          ["upstreams[0].fingerprint", "fails closed", "fingerprints[REVISION]"]),
         ({"upstreams": [{"url": URL, "fingerprint": "sha256:xyz"}]},
          ["upstreams[].fingerprint", "64 hex"]),
+        ({"upstreams": [{"url": URL, "fingerprint": "token_ids:1,2"}]},
+         ["upstreams[].fingerprint", "token_ids:1,2", "a slash"]),
+        ({"upstreams": [{"url": URL, "fingerprint": "token_ids:1,x/3"}]},
+         ["upstreams[].fingerprint", "comma-separated"]),
         ({"upstreams": [{"url": URL, "fingerprint": " a", "kv_blocks": 0}]},
          ["upstreams[].kv_blocks", "got 0"]),
         ({"upstreams": [{"url": URL, "fingerprint": " a"},
@@ -134,6 +139,27 @@ def test_judge_tells_busy_from_wrong() -> None:
     assert judge(200, b"not json", " a b").reason == "malformed probe answer"
     assert judge(200, _answer(None), " a b").reason == "malformed probe answer"
     assert judge(200, b'{"choices": []}', " a b").outcome == "wrong"
+
+
+def _ids_answer(prompt_ids: object, ids: object, text: str = " a b") -> bytes:
+    choice = {"text": text, "prompt_token_ids": prompt_ids, "token_ids": ids}
+    return json.dumps({"choices": [choice]}).encode()
+
+
+def test_judge_compares_token_ids_not_text() -> None:
+    """A token-id fingerprint tells apart answers whose text agrees (another tokenizer
+    or weights) and is wrong, not passed, when the engine returns no ids."""
+    expected = token_ids_fingerprint([5, 9], [17, 3])
+    assert expected == "token_ids:5,9/17,3"
+    assert judge(200, _ids_answer([5, 9], [17, 3]), expected).outcome == "pass"
+    other = judge(200, _ids_answer([6, 9], [17, 3]), expected)  # same text, prompt ids differ
+    assert (other.outcome, other.reason) == ("wrong", "fingerprint mismatch")
+    assert "token_ids:6,9/17,3" in other.detail
+    assert judge(200, _ids_answer([5, 9], [17, 4]), expected).reason == "fingerprint mismatch"
+    no_ids = judge(200, _answer(" a b"), expected)
+    assert no_ids.reason == "malformed probe answer" and "return_token_ids" in no_ids.detail
+    assert judge(200, _ids_answer([5, 9], ["17"]), expected).reason == "malformed probe answer"
+    assert judge(200, _ids_answer([5, 9], [17, 3]), " a b").outcome == "pass"  # text as before
 
 
 VLLM_METRICS = """\

@@ -182,7 +182,18 @@ def test_full_plan_on_a_small_workload(small_plan: Plan) -> None:
     assert [c for c in plan.comparison if c.differs and not c.reasons] == []
     search = sim.replica_search
     assert search is not None
-    assert plan.summary[0].startswith(f"{search.recommended} replicas of Llama-3-8B")
+    # The route declares a measured 2,000 output tokens/s per replica and the simulation
+    # is an uncalibrated roofline: the measurement leads, the simulation says what it is.
+    sizing = plan.analytic.periods[-1].routes[0].sizing
+    assert sizing is not None
+    assert (plan.answer.basis, plan.answer.route) == ("measured", "chat")
+    assert plan.answer.replicas == sizing.replicas_with_failover
+    assert plan.summary[0].startswith(
+        f"{sizing.replicas_with_failover} replicas hold the peak of 20 tasks/s with one lost"
+    )
+    assert "2,000 output tokens/s per replica measured in routes.chat.replica" in plan.summary[0]
+    assert plan.summary[1].startswith("Uncalibrated, the simulation (a roofline of Llama-3-8B")
+    assert f"finds that {search.recommended} replicas of Llama-3-8B" in plan.summary[1]
     # The bad-day matrix on the planned cluster: its preset and headway-default.
     assert plan.bad_days is not None
     assert plan.bad_days.cluster_replicas == search.recommended

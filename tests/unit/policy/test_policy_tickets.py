@@ -115,12 +115,13 @@ def _open_load() -> LoadSnapshot:
     )
 
 
-def test_a_budget_shed_carries_a_ticket_whose_retry_takes_its_tokens_on_credit() -> None:
-    # 10 tokens/s, a bucket of 100; each request costs 100 tokens.
-    limits = TenantLimits(token_rate_per_s=10.0, burst_s=10.0)
+def test_a_budget_shed_carries_a_ticket_that_reserves_its_tokens_for_the_retry() -> None:
+    # 10 tokens/s, a bucket of 200; each request costs 100 tokens.
+    limits = TenantLimits(token_rate_per_s=10.0, burst_s=20.0)
     policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": limits}))
     load = _open_load()
-    assert not isinstance(policy.decide(NOW, _request(), load), Shed)  # the bucket is empty now
+    for _ in range(2):
+        assert not isinstance(policy.decide(NOW, _request(), load), Shed)  # empty now
     first = policy.decide(NOW, _request(), load)
     assert isinstance(first, Shed) and first.reason is ShedReason.TENANT_TOKEN_RATE
     assert first.ticket is not None and first.retry_after_s == 10.0
@@ -128,17 +129,33 @@ def test_a_budget_shed_carries_a_ticket_whose_retry_takes_its_tokens_on_credit()
     second = policy.decide(NOW, _request(), load)
     assert isinstance(second, Shed) and second.ticket is not None
     assert second.retry_after_s == 20.0
-    # At 10 s a fresh request would fit the bucket, but the ticket holder comes first:
+    # A third would need more than the bucket holds promised at once: no ticket.
+    third = policy.decide(NOW, _request(), load)
+    assert isinstance(third, Shed) and third.ticket is None and third.retry_after_s == 30.0
+    # At 10 s a request with another ticket finds the tokens reserved for the holder...
     back = NOW + 10.0
+    assert isinstance(policy.decide(back, _request(ticket=999), load), Shed)
     assert not isinstance(policy.decide(back, _request(ticket=first.ticket), load), Shed)
     assert policy.tokens_available(back, "acme") == 0.0
-    # ... and the second ticket's retry passes at 20 s even after a fresh request has
-    # drained the bucket in between: its tokens are taken on credit.
+    # ... and so at 20 s: the second ticket's retry passes, and the bucket never goes
+    # below zero.
     later = NOW + 20.0
-    assert not isinstance(policy.decide(later, _request(), load), Shed)
+    assert isinstance(policy.decide(later, _request(ticket=999), load), Shed)
     assert not isinstance(policy.decide(later, _request(ticket=second.ticket), load), Shed)
-    assert policy.tokens_available(later, "acme") == -100.0
+    assert policy.tokens_available(later, "acme") == 0.0
     assert policy.tickets_honoured == 2
-    # The debt is repaid before anything else passes.
-    refused = policy.decide(later + 5.0, _request(), load)
+    # The request refused at 20 s got a ticket: its 100 tokens come before the next.
+    refused = policy.decide(later + 5.0, _request(ticket=999), load)
     assert isinstance(refused, Shed) and refused.retry_after_s == 15.0
+
+
+def test_a_retry_without_its_budget_ticket_redeems_its_tenants_ticket() -> None:
+    # A plain client obeys Retry-After but does not echo the ticket header.
+    limits = TenantLimits(token_rate_per_s=10.0, burst_s=10.0)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": limits}))
+    load = _open_load()
+    assert not isinstance(policy.decide(NOW, _request(), load), Shed)
+    shed = policy.decide(NOW, _request(), load)
+    assert isinstance(shed, Shed) and shed.ticket is not None and shed.retry_after_s == 10.0
+    assert not isinstance(policy.decide(NOW + 10.0, _request(), load), Shed)
+    assert policy.tickets_honoured == 1 and policy.tickets_outstanding == 0

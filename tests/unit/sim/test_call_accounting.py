@@ -233,7 +233,7 @@ def test_skipping_decode_runs_equals_stepping_behind_the_gateway() -> None:
         "name": "skip",
         "duration_s": 20,
         "classes": classes,
-        "clients": {"retries": {"max_attempts": 2}, "patience_s": 1.5},
+        "clients": {"retries": {"max_attempts": 2}, "patience_s": 3.0},  # retries and cancels
         "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": 40},
                      "mix": {"chat": 3, "agent": 1}}],
     }  # fmt: skip

@@ -79,13 +79,16 @@ def test_headway_default_sheds_with_computed_retry_after_at_3x_overload() -> Non
     # Never dispatched: a shed call holds no replica and no engine time.
     assert (gw_out.calls.replica[shed] == -1).all()
     assert np.isnan(gw_out.calls.dispatch_s[shed]).all()
-    # retry_after = queued / measured drain rate: 128 interactive calls at ~14/s ≈ 9 s,
-    # computed from state (not the 60 s cap used when nothing has drained yet).
+    # retry_after = (queued + places promised to earlier sheds' retries) / drain rate,
+    # computed from state from the first shed (128 interactive calls drain in seconds,
+    # not the 60 s cap); at 3× for 120 s the promised turns pass the 60 s cap and stay
+    # within the 300 s promise horizon: each keeps its own time (capped, they were hints).
     retry = gw_out.calls.retry_after_s[shed]
     assert np.isfinite(retry).all()
-    steady = retry[gw_out.calls.arrival_s[shed] > 30.0]
-    assert 128 / (2 * _CAPACITY_PER_S) < np.median(steady) < 2 * 128 / _CAPACITY_PER_S
-    assert np.unique(np.round(steady, 6)).size > 10
+    first = retry[gw_out.calls.arrival_s[shed] < 10.0]
+    assert 0 < first[0] < np.median(first) < 2 * 128 / _CAPACITY_PER_S
+    assert (retry <= 300.0).all() and (retry > 60.0).any()
+    assert np.unique(np.round(retry, 6)).size > 10
     # The gateway bounds the wait: admitted calls see seconds of TTFT, fifo minutes.
     gw_p99_s, fifo_p50_s = gw.latencies.ttft.p99_s, fifo.latencies.ttft.p50_s
     assert gw_p99_s is not None and fifo_p50_s is not None
@@ -120,13 +123,16 @@ def test_deadline_check_sheds_at_arrival_instead_of_timing_out() -> None:
     _, result, out = _simulate(workload, _cluster({"preset": "headway-default"}))
     acc = result.accounting
     assert acc.balanced
-    assert acc.shed_by_reason.get("deadline_unmeetable", 0) > acc.shed_by_reason["queue_full"]
+    # With the speed prior the check works from the first call: the queue never fills.
+    assert acc.shed_by_reason.get("deadline_unmeetable", 0) > acc.shed_by_reason.get(
+        "queue_full", 0
+    )
     unmeetable = out.calls.shed_reason == SHED_REASONS.index("deadline_unmeetable")
     # A per-call deadline renews on retry: when the predicted wait is what misses it,
     # the excess wait is the retry_after (None only when the service alone is too long).
     retry = out.calls.retry_after_s[unmeetable]
     assert np.isfinite(retry).sum() > 0.5 * unmeetable.sum()
-    assert (retry[np.isfinite(retry)] <= 60.0).all()
+    assert (retry[np.isfinite(retry)] <= 300.0).all()  # within the promise horizon
 
 
 # The summary of this run (without `accounting`) before the gateway existed; the default
@@ -195,3 +201,26 @@ def test_gateway_section_is_validated() -> None:
         parse_cluster({"gateway": {"preset": "lifo"}})
     with pytest.raises(ConfigError, match="slots_per_replica"):
         parse_cluster({"gateway": {"preset": "headway-default", "slots_per_replica": 0}})
+
+
+def test_the_simulated_gateway_charges_what_the_engine_did_as_the_live_one() -> None:
+    # Calls of 100 prompt tokens that send max_tokens 1000 and stop after 10: admission
+    # debits 1,100 each; the charging rule (core/policy/charges.py) gives back the 990
+    # the engine never generated when the call completes, as the live gateway does.
+    rate, burst_s, duration_s = 1100.0, 2.0, 10.0
+    workload = {
+        "name": "refunds",
+        "duration_s": duration_s,
+        "classes": {"short": {"input_tokens": 100, "output_tokens": 10, "max_tokens": 1000}},
+        "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": 20.0}}],
+    }
+    budget = {"token_rate_per_s": rate, "burst_s": burst_s}
+    gateway = {"preset": "headway-default", "admission": {"default_tenant": budget}}
+    _, _, out = _simulate(workload, _cluster(gateway))
+    completed = int((out.calls.outcome == OUTCOMES.index("completed")).sum())
+    budget_tokens = rate * burst_s + rate * duration_s
+    # Charged their whole cost, 12 calls would pass (11 did before the rule); refunded,
+    # more pass while each holds its 1,100 tokens only until it completes ...
+    assert completed >= 1.5 * budget_tokens / 1100
+    # ... and what they were charged (prompt + output) stays within the budget.
+    assert completed * 110 <= budget_tokens * 1.05

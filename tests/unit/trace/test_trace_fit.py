@@ -93,3 +93,47 @@ def test_fit_rejects_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["trace", "fit", str(source), "-o", str(tmp_path / "x.yaml"), "--bin-s", "0"]) == 2
     assert "--bin-s must be > 0" in capsys.readouterr().err
     assert not (tmp_path / "x.yaml").exists()
+
+
+def _small_azure_csv(path: Path) -> Path:
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.5000000,{300 + i},{40 + i % 7}"
+             for i in range(120)]  # fmt: skip
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_fitted_workload_carries_a_default_slo_and_planning_it_says_to_edit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace records no promise: the fit used to write no SLO, no planning section and
+    no word about it, and `plan` on the file then searched forever for a knee."""
+    from headway.core.workload.spec import Planning
+    from headway.core.workload.validate import require_latency_slo, unbounded_classes
+    from headway.trace.fit import DEFAULT_SLO
+
+    source = _small_azure_csv(tmp_path / "t.csv")
+    out = tmp_path / "fit.yaml"
+    assert main(["trace", "fit", str(source), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "slo (TTFT 2 s, TPOT 0.1 s, 90%) is a default: edit it" in said
+    assert "planning (planning_factor 0.7, failures_tolerated 0) is a default" in said
+    assert "gives no cost per task" in said and "price_per_hour" in said
+    text = out.read_text(encoding="utf-8")
+    assert "# The SLO is a default of `headway trace fit`: edit it to your promise." in text
+    assert "\nplanning:\n  planning_factor: 0.7" in text and "# No price" in text
+    spec = load_workload(out).spec
+    assert spec.classes["trace"].slo == DEFAULT_SLO and spec.planning == Planning()
+    assert unbounded_classes(spec) == []
+    require_latency_slo(spec, "plan")  # plan takes it as written
+    assert main(["trace", "fit", str(source), "-o", str(out), "--slo-ttft-s", "0.5",
+                 "--slo-tpot-s", "0.05", "--slo-target", "0.95"]) == 0  # fmt: skip
+    assert "slo (TTFT 0.5 s, TPOT 0.05 s, 95%) is as given" in capsys.readouterr().out
+    slo = load_workload(out).spec.classes["trace"].slo
+    assert (slo.ttft_s, slo.tpot_s, slo.attainment_target) == (0.5, 0.05, 0.95)
+    assert "# The SLO is as given." in out.read_text(encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    assert main(["trace", "fit", str(source), "-o", str(bad), "--slo-ttft-s", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--slo-ttft-s" in err and "-1" in err and len(err.strip().splitlines()) == 1
+    assert not bad.exists()

@@ -331,3 +331,23 @@ def test_shipped_azure_trace_reads_exactly() -> None:
     assert len(trace) == 19_366
     assert trace.first_timestamp == "2023-11-16 18:15:46.6805900"
     assert trace.arrival_s[1] == pytest.approx(4.3145790, abs=1e-12)  # 18:15:50.9951690
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ('timestamp_s,input_tokens,output_tokens\n0.5,"\\"",3\n1.0,4,5\n', 2, "fields"),
+        ('timestamp_s,input_tokens,output_tokens\n0.5,1,3\n1.0,"4\n', 3, "fields"),
+    ],
+    ids=["stray-quote", "unclosed-at-end"],
+)
+def test_a_row_whose_quote_spans_lines_is_named_by_its_first_line(
+    tmp_path: Path, text: str, line: int, fragment: str
+) -> None:
+    # A stray quote makes one row of the lines after it; the error named the last of
+    # them (line 3 for a quote on line 2; found by the trace-file fuzzer).
+    path = _write(tmp_path, "t.csv", text)
+    with pytest.raises(TraceError) as caught:
+        read_trace(path, "generic")
+    message = str(caught.value)
+    assert message.startswith(f"{path} line {line}:") and fragment in message, message

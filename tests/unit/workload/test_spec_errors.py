@@ -214,3 +214,17 @@ def test_trace_rows_are_single_calls() -> None:
     data["classes"]["chat"]["parallel_branches"] = 3
     with pytest.raises(WorkloadError, match=r"\$\.sources\[0\]\.mix\.chat: .*parallel_branches 3"):
         parse_workload(data, "w.yaml")
+
+
+@pytest.mark.parametrize("name", ["`", "a`b", "x`` - at `$"])
+def test_a_named_entry_with_backticks_is_named_whole(name: str) -> None:
+    # A backtick in a class name ended msgspec's `$.path` early: the message named
+    # "$.` - at `$.classes." (found by the workload fuzzer).
+    data = copy.deepcopy(GOOD)
+    data["classes"][name] = {"bogus": 0}
+    with pytest.raises(WorkloadError) as caught:
+        parse_workload(data, "w.yaml")
+    shown = name.replace("`", "\\x60")
+    message = str(caught.value)
+    assert message.startswith(f"w.yaml: $.classes.{shown}.bogus: unknown key"), message
+    assert "\n" not in message

@@ -195,8 +195,17 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     dtype_bytes: int = 2
     """Bytes per weight and per KV element: 2 for BF16/FP16, 1 for FP8."""
 
+    max_position_embeddings: int | None = None
+    """Context length in tokens (``max_position_embeddings``): vLLM's default
+    ``max_model_len``, the longest prompt + output it takes (None: not known)."""
+
     def __post_init__(self) -> None:
         owner = f"ModelSpec({self.name!r})"
+        if self.max_position_embeddings is not None and not self.max_position_embeddings >= 1:
+            raise ValueError(
+                f"{owner}.max_position_embeddings must be an integer >= 1 (got "
+                f"{self.max_position_embeddings!r}); copy it from the model's config.json"
+            )
         if not self.name.strip():
             raise ValueError("ModelSpec.name must be a non-empty string; give the model a name")
         for field in (
@@ -382,36 +391,42 @@ MODELS: dict[str, ModelSpec] = {
     "llama-3-8b": ModelSpec(
         name="Llama-3-8B", num_layers=32, hidden_size=4096, num_attention_heads=32,
         num_kv_heads=8, head_dim=128, ffn_hidden_size=14336, vocab_size=128256,
+        max_position_embeddings=8192,
     ),
     "llama-3-70b": ModelSpec(
         name="Llama-3-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
         num_kv_heads=8, head_dim=128, ffn_hidden_size=28672, vocab_size=128256,
+        max_position_embeddings=8192,
     ),
     "llama-2-7b": ModelSpec(
         name="Llama-2-7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
         num_kv_heads=32, head_dim=128, ffn_hidden_size=11008, vocab_size=32000,
+        max_position_embeddings=4096,
     ),
     "llama-2-70b": ModelSpec(
         name="Llama-2-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
         num_kv_heads=8, head_dim=128, ffn_hidden_size=28672, vocab_size=32000,
+        max_position_embeddings=4096,
     ),
     "qwen2.5-7b": ModelSpec(
         name="Qwen2.5-7B", num_layers=28, hidden_size=3584, num_attention_heads=28,
         num_kv_heads=4, head_dim=128, ffn_hidden_size=18944, vocab_size=152064,
+        max_position_embeddings=32768,
     ),
     "qwen3-8b": ModelSpec(
         name="Qwen3-8B", num_layers=36, hidden_size=4096, num_attention_heads=32,
         num_kv_heads=8, head_dim=128, ffn_hidden_size=12288, vocab_size=151936,
+        max_position_embeddings=40960,
     ),
     "mixtral-8x7b": ModelSpec(
         name="Mixtral-8x7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
         num_kv_heads=8, head_dim=128, ffn_hidden_size=14336, vocab_size=32000,
-        num_experts=8, num_active_experts=2,
+        num_experts=8, num_active_experts=2, max_position_embeddings=32768,
     ),
     "bloom-176b": ModelSpec(
         name="BLOOM-176B", num_layers=70, hidden_size=14336, num_attention_heads=112,
         num_kv_heads=112, head_dim=128, ffn_hidden_size=57344, vocab_size=250880,
-        gated_mlp=False, tied_embeddings=True,
+        gated_mlp=False, tied_embeddings=True, max_position_embeddings=2048,
     ),
 }  # fmt: skip
 """Built-in models by canonical name (BF16 weights and KV cache)."""

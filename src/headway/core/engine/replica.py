@@ -23,12 +23,13 @@ that stepping one by one would (``tests/property/test_engine_decode_skip.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from headway.core.engine.scheduler import EngineRequest, RequestId, Scheduler, SchedulerConfig
 from headway.core.engine.steptime import BatchShape, StepTimeModel
+from headway.core.pickling import reduce_by_fields
 
 __all__ = [
     "DecodeRun",
@@ -294,6 +295,10 @@ class ReplicaSnapshot:
     """Of those, tokens served from the prefix cache."""
     busy_until_s: float
     """End of the last step (``-inf`` before the first)."""
+
+    def __reduce__(self) -> tuple[Callable[[], ReplicaSnapshot], tuple[()]]:
+        """Pickle by calling the class (compiled, the default refuses a frozen class)."""
+        return reduce_by_fields(self)
 
 
 class ReplicaModel:

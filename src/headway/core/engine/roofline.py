@@ -53,12 +53,14 @@ engine behind splitwise-sim's timings 20-35 % slower (more at higher TP).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from headway.core.engine.catalog import GpuSpec, ModelSpec
 from headway.core.engine.efficiency import EfficiencyProfile, GemmEfficiency
 from headway.core.engine.steptime import BatchShape
+from headway.core.pickling import reduce_by_fields
 
 __all__ = [
     "ACTIVATION_BYTES",
@@ -187,6 +189,16 @@ class StepBreakdown:
             + self.overhead_s
         )
 
+    def __reduce__(self) -> tuple[Callable[[], StepBreakdown], tuple[()]]:
+        """Pickle by calling the class (compiled, the default refuses a frozen class)."""
+        return reduce_by_fields(self)
+
+
+_ROOFLINE_ARGUMENTS: Final = (
+    "model", "gpu", "efficiency", "tensor_parallel", "step_overhead_s", "per_seq_overhead_s"
+)  # fmt: skip
+"""What :class:`RooflineStepTime` is built from (its other fields derive from these)."""
+
 
 @dataclass(slots=True, init=False, unsafe_hash=True)
 class RooflineStepTime:
@@ -278,6 +290,10 @@ class RooflineStepTime:
         self._token_cache = {}
         self._rows_cache = {}
         self._fixed_cache = {}
+
+    def __reduce__(self) -> tuple[Callable[[], RooflineStepTime], tuple[()]]:
+        """Pickle by the ``__init__`` arguments; the derived values are computed again."""
+        return reduce_by_fields(self, _ROOFLINE_ARGUMENTS)
 
     # -- the StepTimeModel protocol ------------------------------------------------------
 

@@ -14,8 +14,11 @@ on that to jump over runs of identical decode steps in closed form
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from headway.core.pickling import reduce_by_fields
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)
@@ -116,6 +119,12 @@ class AffineStepTime:
     per_decode_kv_token_s: float = 0.0000002
     """Cost of reading one KV token during decode attention."""
 
+    per_prefill_seq_s: float = 0.0
+    """Cost of each request that computes a prefill chunk in the step: what the engine
+    spends on a request beyond its tokens (adding it to the batch's state, its sampling
+    and output setup). ``headway calibrate`` measures it as the part of a lone request's
+    TTFT that no token explains (``docs/calibrate.md``)."""
+
     def __post_init__(self) -> None:
         for name in (
             "overhead_s",
@@ -123,10 +132,15 @@ class AffineStepTime:
             "per_prefill_pair_s",
             "per_decode_seq_s",
             "per_decode_kv_token_s",
+            "per_prefill_seq_s",
         ):
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"AffineStepTime.{name} must be >= 0 (got {value})")
+
+    def __reduce__(self) -> tuple[Callable[[], AffineStepTime], tuple[()]]:
+        """Pickle by calling the class (compiled, the default refuses a frozen class)."""
+        return reduce_by_fields(self)
 
     def step_time_s(self, batch: BatchShape) -> float:
         """Seconds the step takes; 0 for an empty batch."""
@@ -138,6 +152,7 @@ class AffineStepTime:
             + self.per_prefill_pair_s * batch.prefill_attention_pairs
             + self.per_decode_seq_s * batch.num_decode_seqs
             + self.per_decode_kv_token_s * batch.decode_kv_tokens
+            + self.per_prefill_seq_s * batch.num_prefill_seqs
         )
 
     def decode_step_affine(self, num_seqs: int) -> tuple[float, float]:

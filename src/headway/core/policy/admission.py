@@ -17,7 +17,8 @@ request sends none; seed 003: "estimate memory before admission")::
     free_kv_blocks - ceil(kv_reserve_fraction * total_kv_blocks) = blocks it may use now
 
     service_s = prompt_tokens / prefill_tokens_per_s + expected_output_tokens * tpot_s
-    wait_s    = queued tokens (or requests) in its band / the band's drain rate
+    wait_s    = (queued + promised to its band's tickets) tokens (or requests)
+                / the band's drain rate (before one is measured: dispatch_slots / service_s)
 
 Checks, in this order (the first that refuses decides; seed 000: "admission should
 consider remaining deadline, estimated work, tenant quota, and downstream health"):
@@ -34,24 +35,31 @@ consider remaining deadline, estimated work, tenant quota, and downstream health
    driver's next probe.
 5. ``TENANT_CONCURRENCY`` — the tenant's in-flight requests (running or queued) are at
    its limit; retry after the measured time for enough of them to complete.
-6. ``TENANT_TOKEN_RATE`` — the tenant's bucket lacks ``cost_tokens``; retry after the
-   bucket's refill time. (Tenant checks come before the shared queue, so that a tenant
+6. ``TENANT_TOKEN_RATE`` — the tenant's bucket lacks ``cost_tokens`` (after the tokens
+   reserved by its budget tickets); retry after the bucket's refill time. A request
+   larger than the whole bucket is refused with no retry among the checks no retry
+   can fix (after check 1). (Tenant checks come before the shared queue, so that a tenant
    over its own budget gets its own reason and takes no shared space.)
 7. **Admit** when the band has a free dispatch slot, nothing waits in its band or above,
    and the projected blocks fit now.
 8. Otherwise it must wait. ``DEADLINE_UNMEETABLE`` when the predicted wait plus service
    exceeds the time left (at arrival, rather than after waiting: seed 000, "a larger queue
    can make the service appear available while guaranteeing an unacceptable result").
-   ``retry_after_s`` is None for a fixed deadline (a retry spends the same deadline) and
-   the excess wait for a deadline that renews on retry. A wait that cannot be predicted
-   (nothing drained within the window) does not shed; queue expiry bounds it instead.
+   ``retry_after_s`` is None for a fixed deadline (a retry spends the same deadline) and,
+   for a deadline that renews on retry, the excess wait plus half the slack the deadline
+   leaves beside the service (the retry returns when the wait ahead is half its slack).
+   A wait that cannot be predicted (no drain measured and no service estimate) does not
+   shed; queue expiry bounds it instead.
 9. Its band or its tenant's queue is at its bound: ``KV_PROJECTION`` when the blocks do
    not fit now (memory is the binding limit), else ``QUEUE_FULL``; ``retry_after_s`` is
    that queue's ``queued_requests / drain_requests_per_s``.
 10. **Enqueue** in its band.
 
 Every ``retry_after_s`` is computed from the state that caused the refusal and capped at
-``max_retry_after_s`` (also the value when the rate it needs has not been measured).
+``max_retry_after_s``, except a ticket's: that is the promised turn, up to
+``promise_horizon_s``. Before a queue's drain rate is measured, it is the snapshot's
+``dispatch_slots`` over the predicted service time (:mod:`~headway.core.policy.speeds`
+gives the speeds a prior), so a Retry-After is computed from the first request.
 
 **Retry tickets: a Retry-After is a promise, not a guess.** At saturation the queue that
 drains by the Retry-After is refilled by newcomers before the retry comes back, so a
@@ -60,13 +68,34 @@ retry judged afresh is refused again and the client's obedience buys nothing. Wi
 wait that a renewed deadline can absorb (``DEADLINE_UNMEETABLE`` with a
 ``retry_after_s``) carries a ticket. A retry that presents it between its Retry-After and
 ``ticket_grace_s`` later passes checks 7 to 9 and joins the front of its tenant's line in
-its band (``Enqueue(front=True)``), past the bounds; checks 1 to 5 still apply. A shed for
-the tenant's token budget (``TENANT_TOKEN_RATE``) carries a *budget ticket*: its
-Retry-After is the time for the bucket to refill the request's tokens after those promised
-to the tenant's earlier tickets, and the retry that presents it takes its tokens on credit
-(the bucket may go below zero; the tenant's later requests repay it). A ticket is used
-once; a client that never returns costs nothing, because a ticket reserves order and
-budget, not capacity.
+its band (``Enqueue(front=True)``, behind the tickets redeemed before it); checks 1 to 6
+still apply. Such retries may exceed a queue's bound, never twice it: a ticketed retry
+that finds its band's or its tenant's queue at twice its bound is shed ``QUEUE_FULL``
+(the queues refuse such a push too), so tickets collected in bulk cannot grow a queue
+without bound. Queue tickets are never
+oversold: until its Retry-After each counts as a place waiting ahead of newcomers (their
+predicted wait and the next tickets' Retry-After), and a shed whose promise would be past
+``promise_horizon_s`` gets the capped Retry-After without a ticket: a promise is only
+made where it can be kept.
+
+A shed for the tenant's token budget (``TENANT_TOKEN_RATE``) carries a *budget ticket*
+that reserves the request's tokens: a fresh request may not take reserved tokens, and
+the Retry-After is the time for the bucket to refill the request's tokens after those
+reserved before it. A budget ticket is issued only while everything reserved fits the
+bucket, so every promise is kept without the bucket going below zero: over any window
+the tenant is admitted at most ``burst + rate × window``. A retry without its ticket
+header (a plain client that obeys Retry-After) redeems its tenant's oldest valid budget
+ticket that covers it.
+
+A ticket is bound to what it was issued for: its tenant, its band, and the tokens of the
+request (a retry may cost at most that; a larger one is judged as a fresh request and
+the ticket is dropped). A ticket is used once; a client that never returns costs
+nothing but the reservation until the ticket expires, because a ticket reserves order
+and budget, not capacity.
+
+**Charges.** Admission debits a request's whole cost; when it ends, the driver returns
+what it did not use (:mod:`~headway.core.policy.charges`): everything when it never
+reached an engine, the unused output once it did.
 """
 
 from __future__ import annotations
@@ -186,8 +215,18 @@ class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     wait, and queue expiry removes them at their deadline."""
 
     max_retry_after_s: float = 60.0
-    """Upper bound of every ``retry_after_s``, and its value when the rate it is computed
-    from has not been measured yet (nothing drained within the window)."""
+    """Upper bound of every ``retry_after_s`` that is not a promise (a shed without a
+    ticket), and its value when the rate it is computed from has not been measured yet
+    (nothing drained within the window). Clients cap what they obey too: the ``openai``
+    Python client ignores a Retry-After over 60 s."""
+
+    promise_horizon_s: float = 300.0
+    """How far ahead a retry ticket may promise a place. A capacity shed whose turn comes
+    within it gets a ticket and that turn as its ``retry_after_s`` (past
+    ``max_retry_after_s`` when need be: a promise is a time to be kept, not a guess to be
+    capped); one whose turn is later gets no ticket and the capped ``retry_after_s``. At
+    2.5x overload for 40 s the promised turns reach about 100 s: a 60 s horizon left a
+    fifth of the refused calls without a promise, and their retries failed."""
 
     retry_tickets: bool = True
     """Give capacity sheds a retry ticket (see the module docstring), so that a client
@@ -225,6 +264,13 @@ class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "max_retry_after_s",
             self.max_retry_after_s,
             "use seconds > 0, e.g. 60",
+        )
+        require(
+            math.isfinite(self.promise_horizon_s) and self.promise_horizon_s >= 0,
+            "admission",
+            "promise_horizon_s",
+            self.promise_horizon_s,
+            "use seconds >= 0, e.g. 300 (0: no queue or budget tickets beyond an immediate retry)",
         )
         require(
             math.isfinite(self.ticket_grace_s) and self.ticket_grace_s >= 0,
@@ -344,6 +390,12 @@ class LoadSnapshot:
     tpot_s: float | None = None
     """Measured time per output token (None: unknown, no deadline prediction)."""
 
+    dispatch_slots: int = 0
+    """Dispatch slots of the replicas behind (all bands). With the service estimate it
+    gives the drain rate before one is measured, ``dispatch_slots / service_s`` requests
+    per second, so that waits and Retry-After are computed from the first request (0:
+    unknown; an unmeasured drain then predicts no wait)."""
+
     downstream_health: float = 1.0
     """The driver's health score of what is behind the gateway: 1 healthy, 0 down."""
 
@@ -364,13 +416,20 @@ class LoadSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class _Ticket:
-    """A retry ticket: when it may be presented, by whom, and the budget tokens its
-    retry will take on credit (0 for a queue ticket)."""
+    """A retry ticket: when it may be presented, by whom, for what (its band and the
+    tokens of the request it was issued for: a retry may cost at most that), and the
+    budget tokens it reserves for its retry (0 for a queue ticket)."""
 
     valid_from_s: float
     until_s: float
     tenant: str
+    band: str
+    cost_tokens: int
     credit_tokens: float
+    promised_band: Priority | None = None
+    """A queue ticket: the band whose line its retry will join (None: a budget ticket)."""
+    promised_tokens: int = 0
+    """A queue ticket: the token cost its retry will add to that line."""
 
 
 class AdmissionPolicy:
@@ -382,7 +441,19 @@ class AdmissionPolicy:
         self._tickets: dict[int, _Ticket] = {}
         self._ticket_expiry: list[tuple[float, int]] = []
         self._ticket_credit: dict[str, float] = {}
-        """Per tenant: tokens its outstanding budget tickets will take on credit."""
+        """Per tenant: tokens its outstanding budget tickets reserve (a fresh request may
+        not take them)."""
+        self._budget_tickets: dict[str, list[int]] = {}
+        """Per tenant: its budget tickets' numbers, oldest first (spent ones pruned)."""
+        self._promised: dict[str, list[int]] = {b: [0, 0] for b in BANDS}
+        """Per band: requests and tokens its queue tickets not yet due will bring back;
+        they count as waiting ahead of a newcomer, so promises are never oversold. A
+        promise ends when its ticket is used, or at its Retry-After (a retry back by then
+        waits in the queue; one that never comes back stops counting)."""
+        self._promise_due: list[tuple[float, int]] = []
+        """(Retry-After time, ticket) of the tickets whose promise still counts."""
+        self._promising: set[int] = set()
+        """The tickets whose promise still counts."""
         self._next_ticket = 1
         self.tickets_issued = 0
         """Retry tickets given with sheds."""
@@ -478,6 +549,23 @@ class AdmissionPolicy:
             self.refund(now, request.tenant, request.cost_tokens)
         return refused
 
+    @staticmethod
+    def over_budget_detail(request: AdmissionRequest, burst_tokens: float) -> str:
+        """Why a request larger than its tenant's whole bucket can never pass, and the
+        fix (the client's: fewer tokens; the operator's: a larger burst)."""
+        output = (
+            f"max_tokens={request.max_tokens}"
+            if request.max_tokens is not None
+            else f"{request.planned_output_tokens} planned output tokens"
+        )
+        return (
+            f"the request costs {request.cost_tokens} tokens ({request.prompt_tokens} "
+            f"prompt + {output}), more than tenant {request.tenant!r}'s whole budget of "
+            f"{burst_tokens:.0f} tokens, so no retry can pass; lower max_tokens or shorten "
+            f"the prompt to {burst_tokens:.0f} tokens in all (or raise the tenant's burst_s "
+            "or token_rate_per_s)"
+        )
+
     def _cap(self, seconds: float) -> float:
         return min(max(seconds, 0.0), self.config.max_retry_after_s)
 
@@ -494,7 +582,11 @@ class AdmissionPolicy:
                 "it from PriorityQueues.statistics(now), which has every band"
             )
         service_s = self.service_estimate_s(request, load)
-        ticket = self._valid_ticket(now, request)
+        number, ticket = request.ticket, self._valid_ticket(now, request)
+        if ticket is None and request.ticket is None:
+            # A retry that obeyed its Retry-After but did not present its budget ticket
+            # (a plain client) redeems its tenant's oldest one that covers it.
+            number, ticket = self._held_budget_ticket(now, request)
         refused = self._refuse_impossible(now, request, load, service_s)
         if refused is None:
             refused = self._refuse_by_state(now, request, load, service_s, ticket)
@@ -502,31 +594,56 @@ class AdmissionPolicy:
             return refused
         decision = self._decide_by_load(now, request, load, service_s, ticket)
         if isinstance(decision, Shed):
-            return self._with_ticket(now, decision, request.tenant)
+            return decision
         if ticket is not None:
-            self._spend(request.ticket)
+            self._spend(number)
         return decision
 
     # -- retry tickets --------------------------------------------------------------------
 
-    def _with_ticket(self, now: float, shed: Shed, tenant: str, credit_tokens: float = 0.0) -> Shed:
-        """``shed`` with a retry ticket, when it is a shed a retry can use."""
+    def _with_ticket(
+        self,
+        now: float,
+        shed: Shed,
+        request: AdmissionRequest,
+        credit_tokens: float = 0.0,
+        promise: tuple[Priority, int] | None = None,
+    ) -> Shed:
+        """``shed`` with a retry ticket, when it is a shed a retry can use (a queue
+        ticket, or with ``credit_tokens`` a budget ticket reserving them). ``promise``: the
+        band and token cost a queue ticket's retry will bring back (counted ahead of
+        newcomers until it is used or its Retry-After comes)."""
         if not self.config.retry_tickets or shed.retry_after_s is None:
             return shed
+        tenant, band = request.tenant, request.priority
         number = self._next_ticket
         self._next_ticket += 1
         valid_from = now + shed.retry_after_s
         until = valid_from + self.config.ticket_grace_s
-        self._tickets[number] = _Ticket(valid_from, until, tenant, credit_tokens)
+        promised_band, promised_tokens = promise if promise is not None else (None, 0)
+        self._tickets[number] = _Ticket(
+            valid_from, until, tenant, band, request.cost_tokens, credit_tokens,
+            promised_band, promised_tokens,
+        )  # fmt: skip
         if credit_tokens:
             self._ticket_credit[tenant] = self._ticket_credit.get(tenant, 0.0) + credit_tokens
+            self._budget_tickets.setdefault(tenant, []).append(number)
+        if promised_band is not None:
+            promised = self._promised[promised_band]
+            promised[0] += 1
+            promised[1] += promised_tokens
+            heapq.heappush(self._promise_due, (valid_from, number))
+            self._promising.add(number)
         heapq.heappush(self._ticket_expiry, (until, number))
         self.tickets_issued += 1
         return dataclasses.replace(shed, ticket=number)
 
     def _valid_ticket(self, now: float, request: AdmissionRequest) -> _Ticket | None:
-        """The request's ticket when it is valid at ``now`` for its tenant (not spent
-        yet); expired tickets are dropped first."""
+        """The request's ticket when it is valid at ``now`` for this request: its tenant,
+        its band, at most the tokens it was issued for, not spent yet. Expired tickets
+        are dropped first; a ticket presented by a larger request is dropped too (the
+        request is judged afresh, and the tokens the ticket reserved are released)."""
+        self._promises_due(now)
         expiry = self._ticket_expiry
         while expiry and expiry[0][0] < now:
             number = heapq.heappop(expiry)[1]
@@ -539,13 +656,56 @@ class AdmissionPolicy:
             return None
         if not ticket.valid_from_s - 1e-9 <= now <= ticket.until_s:
             return None
+        if ticket.band != request.priority or request.cost_tokens > ticket.cost_tokens:
+            self._drop(request.ticket)
+            return None
         return ticket
+
+    def _held_budget_ticket(
+        self, now: float, request: AdmissionRequest
+    ) -> tuple[int | None, _Ticket | None]:
+        """The oldest budget ticket of the request's tenant valid at ``now`` for at least
+        its tokens, when its bucket (less the reserved tokens) is short of them."""
+        numbers = self._budget_tickets.get(request.tenant)
+        bucket = self._buckets.get(request.tenant)
+        if not numbers or bucket is None:
+            return None, None
+        while numbers and numbers[0] not in self._tickets:
+            numbers.pop(0)  # spent or expired
+        reserved = self._ticket_credit.get(request.tenant, 0.0)
+        if bucket.level(now) - reserved >= request.cost_tokens:
+            return None, None
+        for number in numbers:
+            ticket = self._tickets.get(number)
+            if ticket is None or ticket.valid_from_s - 1e-9 > now:
+                continue
+            if now <= ticket.until_s and request.cost_tokens <= ticket.cost_tokens:
+                return number, ticket
+        return None, None
 
     def _drop(self, number: int) -> _Ticket:
         ticket = self._tickets.pop(number)
         if ticket.credit_tokens:
             self._ticket_credit[ticket.tenant] -= ticket.credit_tokens
+        self._end_promise(number, ticket)
         return ticket
+
+    def _end_promise(self, number: int, ticket: _Ticket) -> None:
+        """Stop counting ``ticket``'s promised place (idempotent)."""
+        if ticket.promised_band is not None and number in self._promising:
+            self._promising.discard(number)
+            promised = self._promised[ticket.promised_band]
+            promised[0] -= 1
+            promised[1] -= ticket.promised_tokens
+
+    def _promises_due(self, now: float) -> None:
+        """End the promises whose Retry-After has come."""
+        due = self._promise_due
+        while due and due[0][0] <= now:
+            number = heapq.heappop(due)[1]
+            ticket = self._tickets.get(number)
+            if ticket is not None:
+                self._end_promise(number, ticket)
 
     def _spend(self, number: int | None) -> None:
         if number is not None and number in self._tickets:
@@ -587,10 +747,20 @@ class AdmissionPolicy:
             return Admit()
 
         band_queue = bands[band]
-        wait_s = band_queue.predicted_wait_s(cfg.wait_basis)
-        if ticket is not None:
+        if ticket is not None and not on_credit:
+            over = self._over_ticket_ceiling(band, request.tenant, load.queues)
+            if over is not None:
+                name, stats = over
+                return Shed(
+                    ShedReason.QUEUE_FULL,
+                    stats.time_to_drain_s(max_s=cfg.max_retry_after_s),
+                    f"{name} holds {stats.queued_requests} requests, twice its bound of "
+                    f"{stats.max_queued_requests}: no more ticketed retries fit",
+                )
             self._debit(now, bucket, request.cost_tokens, on_credit)
-            return Enqueue(band, wait_s, front=True)
+            return Enqueue(band, band_queue.predicted_wait_s(cfg.wait_basis), front=True)
+        promise = (band, request.cost_tokens)
+        wait_s = self._wait_s(band_queue, band, request, load, service_s)
         if (
             cfg.check_deadlines
             and remaining_s is not None
@@ -598,13 +768,20 @@ class AdmissionPolicy:
             and wait_s is not None
             and wait_s + service_s > remaining_s
         ):
-            excess_s = wait_s + service_s - remaining_s
-            return Shed(
+            # The retry comes back when the wait ahead of it (promises included) has
+            # drained to half its slack, so a noisy drain still leaves it time; timed at
+            # the slots' pace (a drain measured on a queue fed by retries is too slow).
+            paced_s = self._wait_s(band_queue, band, request, load, service_s, paced=True)
+            ahead_s = wait_s if paced_s is None else min(paced_s, wait_s)
+            excess_s = max(ahead_s + service_s - remaining_s, 0.0)
+            retry_s = excess_s + max(remaining_s - service_s, 0.0) / 2
+            shed = Shed(
                 ShedReason.DEADLINE_UNMEETABLE,
-                self._cap(excess_s) if request.deadline_renews_on_retry else None,
+                self._cap(retry_s) if request.deadline_renews_on_retry else None,
                 f"predicted wait {wait_s:.3f} s + service {service_s:.3f} s > "
                 f"{remaining_s:.3f} s left",
             )
+            return self._promise(now, shed, request, retry_s, promise)
 
         full = self._full_queue(band, request.tenant, load.queues)
         if full is not None:
@@ -618,15 +795,100 @@ class AdmissionPolicy:
                     "reserved, and "
                 )
             )
-            return Shed(
+            drain_s = self._drain_s(stats, band, load, service_s)
+            shed = Shed(
                 reason,
-                stats.time_to_drain_s(max_s=cfg.max_retry_after_s),
+                self._cap(drain_s),
                 f"{why}{name} holds {stats.queued_requests} of {stats.max_queued_requests} "
                 f"requests, draining {stats.drain_requests_per_s:.3g}/s",
             )
+            return self._promise(now, shed, request, drain_s, promise)
 
         self._debit(now, bucket, request.cost_tokens, on_credit)
         return Enqueue(band, wait_s)
+
+    def _drain_rate(
+        self,
+        stats: QueueStatistics,
+        load: LoadSnapshot,
+        service_s: float | None,
+        tokens: int,
+        *,
+        paced: bool = False,
+    ) -> float:
+        """How fast ``stats``' queue drains, requests per second (``tokens`` = 0) or tokens
+        per second (``tokens``: this request's cost): its measured drain, or before one is
+        measured the slots' pace (every dispatch slot frees once per service time of a
+        request like this one). ``paced``: the faster of the two, to time a promise. The
+        measure alone is the rate requests *reached* a queue that was often empty, not the
+        rate the slots take them: at 2.5x overload, with most arrivals shed and the queue
+        holding only returning retries, it was a tenth of the engines' throughput, and
+        promised turns minutes away for a backlog of seconds. The pace alone errs fast
+        while the speeds are a prior: a newcomer is let into the queue on the measure."""
+        measured = stats.drain_tokens_per_s if tokens else stats.drain_requests_per_s
+        if not load.dispatch_slots or not service_s or (measured > 0 and not paced):
+            return measured
+        return max(measured, load.dispatch_slots / service_s * (tokens or 1))
+
+    def _wait_s(
+        self,
+        stats: QueueStatistics,
+        band: Priority,
+        request: AdmissionRequest,
+        load: LoadSnapshot,
+        service_s: float | None,
+        *,
+        paced: bool = False,
+    ) -> float | None:
+        """The wait of a request joining ``band`` now: what is queued there and what its
+        outstanding tickets will bring back, over its drain rate (None: unknown;
+        ``paced``: see :meth:`_drain_rate`)."""
+        promised_requests, promised_tokens = self._promised[band]
+        if self.config.wait_basis == "tokens":
+            queued = stats.queued_tokens + promised_tokens
+            cost = max(request.cost_tokens, 1)
+            rate = self._drain_rate(stats, load, service_s, cost, paced=paced)
+        else:
+            queued = stats.queued_requests + promised_requests
+            rate = self._drain_rate(stats, load, service_s, 0, paced=paced)
+        if queued <= 0 and stats.queued_requests == 0:
+            return 0.0
+        return queued / rate if rate > 0 else None
+
+    def _drain_s(
+        self, stats: QueueStatistics, band: Priority, load: LoadSnapshot, service_s: float | None
+    ) -> float:
+        """Seconds until the requests waiting in ``stats`` and those promised to
+        ``band``'s tickets have been dispatched (``max_retry_after_s`` when unknown)."""
+        queued = stats.queued_requests + self._promised[band][0]
+        if queued <= 0:
+            return 0.0
+        rate = self._drain_rate(stats, load, service_s, 0, paced=True)
+        return queued / rate if rate > 0 else self.config.max_retry_after_s
+
+    def _promise(
+        self,
+        now: float,
+        shed: Shed,
+        request: AdmissionRequest,
+        retry_s: float,
+        promise: tuple[Priority, int],
+    ) -> Shed:
+        """``shed`` with a queue ticket for a retry in ``retry_s``, its Retry-After (the
+        promised turn, uncapped). When that is past ``promise_horizon_s`` (the line and
+        the retries already promised would take longer), no place is promised: the shed
+        keeps its capped Retry-After, with no ticket (its retry is judged afresh)."""
+        if shed.retry_after_s is None or not self.config.retry_tickets:
+            return shed
+        horizon_s = self.config.promise_horizon_s
+        if retry_s > horizon_s:
+            return dataclasses.replace(
+                shed,
+                detail=f"{shed.detail}; its turn is {retry_s:.1f} s away with the retries "
+                f"already promised, past promise_horizon_s ({horizon_s:g} s): no ticket",
+            )
+        promised = dataclasses.replace(shed, retry_after_s=max(retry_s, 0.0))
+        return self._with_ticket(now, promised, request, promise=promise)
 
     @staticmethod
     def _debit(now: float, bucket: TokenBucket | None, tokens: int, on_credit: bool) -> None:
@@ -653,6 +915,13 @@ class AdmissionPolicy:
                 None,
                 f"{request.cost_tokens} tokens project {blocks} KV blocks; a replica has "
                 f"{usable_blocks} after the reserve",
+            )
+        burst = self.config.limits(request.tenant).burst_tokens
+        if burst is not None and request.cost_tokens > burst:
+            return Shed(
+                ShedReason.TENANT_TOKEN_RATE,
+                None,
+                self.over_budget_detail(request, burst),
             )
         if request.deadline_s is None:
             return None
@@ -717,32 +986,48 @@ class AdmissionPolicy:
 
         bucket = self._bucket(now, request.tenant)
         if bucket is not None and (ticket is None or not ticket.credit_tokens):
+            # Tokens reserved by the tenant's outstanding budget tickets are not for
+            # fresh requests: the retries they were promised to come first.
             cost = request.cost_tokens
-            credit = self._ticket_credit.get(request.tenant, 0.0)
-            wait = bucket.wait_s(now, cost)
-            if wait is not None and wait > 0 and cfg.retry_tickets:
-                # A budget ticket: the retry takes its tokens on credit, after the tokens
-                # of the tickets issued before it have refilled.
-                wait = (cost + credit - bucket.level(now)) / bucket.rate_per_s
+            reserved = self._ticket_credit.get(request.tenant, 0.0)
+            level = bucket.level(now)
+            if level - reserved < cost:
+                wait = (cost + reserved - level) / bucket.rate_per_s
                 shed = Shed(
                     ShedReason.TENANT_TOKEN_RATE,
                     self._cap(wait),
-                    f"tenant {request.tenant!r} bucket holds {bucket.level(now):.0f} of "
+                    f"tenant {request.tenant!r} bucket holds {level:.0f} of "
                     f"{bucket.capacity_tokens:.0f} tokens at {bucket.rate_per_s:g}/s; the "
-                    f"request costs {cost}; {credit:.0f} tokens promised to earlier tickets",
+                    f"request costs {cost}; {reserved:.0f} tokens promised to earlier tickets",
                 )
-                if wait <= cfg.max_retry_after_s:
-                    return self._with_ticket(now, shed, request.tenant, credit_tokens=cost)
+                # A budget ticket reserves the request's tokens for its retry, once they
+                # and those promised before have refilled: only while all of them fit
+                # the bucket, so that every promise is kept without debt.
+                if (
+                    cfg.retry_tickets
+                    and wait <= cfg.promise_horizon_s
+                    and cost + reserved <= bucket.capacity_tokens
+                ):
+                    promised = dataclasses.replace(shed, retry_after_s=wait)
+                    return self._with_ticket(now, promised, request, credit_tokens=cost)
                 return shed
-            if wait is None or wait > 0:
-                return Shed(
-                    ShedReason.TENANT_TOKEN_RATE,
-                    None if wait is None else self._cap(wait),
-                    f"tenant {request.tenant!r} bucket holds {bucket.level(now):.0f} of "
-                    f"{bucket.capacity_tokens:.0f} tokens at {bucket.rate_per_s:g}/s; the "
-                    f"request costs {request.cost_tokens}"
-                    + ("" if wait is not None else "; raise burst_s or token_rate_per_s"),
-                )
+        return None
+
+    @staticmethod
+    def _over_ticket_ceiling(
+        band: Priority, tenant: str, queues: QueuesStatistics
+    ) -> tuple[str, QueueStatistics] | None:
+        """The first queue a ticketed retry would join that holds twice its bound (the
+        ceiling :meth:`PriorityQueues.push <headway.core.policy.queues.PriorityQueues.
+        push>` keeps for retries at the front)."""
+        stats = queues.bands[band]
+        if stats.queued_requests >= 2 * stats.max_queued_requests:
+            return f"band {band!r}", stats
+        tenant_stats = queues.tenants.get(tenant)
+        if tenant_stats is not None and (
+            tenant_stats.queued_requests >= 2 * tenant_stats.max_queued_requests
+        ):
+            return f"tenant {tenant!r}'s queue", tenant_stats
         return None
 
     @staticmethod

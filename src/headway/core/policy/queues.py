@@ -87,6 +87,12 @@ Band = Priority
 BANDS: Final[tuple[Band, ...]] = PRIORITIES
 """The bands, most important first (index = level)."""
 
+SLOTS_PER_RESERVED: Final = 16
+"""The default critical reserve: one slot per this many dispatch slots ..."""
+
+MAX_AUTO_RESERVED_SLOTS: Final = 2
+"""... and at most this many (enough for a probe and a control action)."""
+
 WaitBasis = Literal["tokens", "requests"]
 """Whether a predicted wait divides queued tokens by the token drain rate, or queued
 requests by the request drain rate."""
@@ -154,10 +160,13 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     default_tenant_weight: float = 1.0
     """Weight of a tenant missing from ``tenant_weights``."""
 
-    critical_reserved_slots: int = 2
+    critical_reserved_slots: int | None = None
     """Dispatch slots that only ``critical`` may use: the other bands together never hold
     more than ``total_slots - critical_reserved_slots`` (seed 003: "preserve a reserve for
-    health probes and high-priority traffic")."""
+    health probes and high-priority traffic"). None (the default): one per
+    :data:`SLOTS_PER_RESERVED` slots, at most :data:`MAX_AUTO_RESERVED_SLOTS`, so a small
+    pool keeps its slots for interactive work (4 slots: none reserved; 16: one; 32 or
+    more: two) and the reserve is never more than a sixteenth of them."""
 
     background_max_share: float = 0.25
     """Most of the dispatch slots ``background`` may hold at once, as a fraction (at least
@@ -191,11 +200,11 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "use a weight > 0",
         )
         require(
-            self.critical_reserved_slots >= 0,
+            self.critical_reserved_slots is None or self.critical_reserved_slots >= 0,
             "queues",
             "critical_reserved_slots",
             self.critical_reserved_slots,
-            "use 0 for no reserve",
+            "use 0 for no reserve, or null for the default (1 per 16 slots, at most 2)",
         )
         require(
             0.0 <= self.background_max_share <= 1.0,
@@ -223,6 +232,12 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def weight(self, tenant: str) -> float:
         """The fair-queuing weight of ``tenant``."""
         return self.tenant_weights.get(tenant, self.default_tenant_weight)
+
+    def reserved_slots(self, total_slots: int) -> int:
+        """The slots only ``critical`` may use when there are ``total_slots``."""
+        if self.critical_reserved_slots is not None:
+            return self.critical_reserved_slots
+        return min(MAX_AUTO_RESERVED_SLOTS, max(total_slots, 0) // SLOTS_PER_RESERVED)
 
     def background_cap_slots(self, total_slots: int) -> int:
         """Most slots ``background`` may hold when there are ``total_slots``."""
@@ -407,8 +422,14 @@ class _BandQueue(Generic[T]):
             self.fifos[tenant] = deque((entry,))
             self._tag_head(tenant)
         elif front:
-            fifo.appendleft(entry)  # the old head's heap entries go stale by seq
-            self._tag_head(tenant)
+            # Behind the tickets redeemed before it (they were promised earlier places),
+            # ahead of everything else.
+            at = 0
+            while at < len(fifo) and fifo[at].front and fifo[at].alive:
+                at += 1
+            fifo.insert(at, entry)
+            if at == 0:
+                self._tag_head(tenant)  # the old head's heap entries go stale by seq
         else:
             fifo.append(entry)
 
@@ -588,8 +609,9 @@ class PriorityQueues(Generic[T]):
         check keeps the bound true whoever calls.
 
         ``front``: a retry admission let in on its retry ticket. It joins the front of its
-        tenant's line in the band and is not held to the bounds (a bound may be exceeded
-        by the tickets redeemed while it is full); its deadline still applies.
+        tenant's line in the band, behind the tickets redeemed before it (they were
+        promised earlier places), and may exceed the bounds (by the tickets redeemed while
+        a queue is full), but never twice a bound; its deadline still applies.
         """
         checked = _check_band(band)
         if cost_tokens < 0:
@@ -636,9 +658,28 @@ class PriorityQueues(Generic[T]):
                 None,
                 f"deadline {deadline_s:.3f} s had passed when it was queued at {now:.3f} s",
             )
-        if front:
-            return None
         bound = self.config.band(band).max_queued_requests
+        tenant_bound = self.config.max_queued_per_tenant
+        if front:
+            # A ticketed retry may pass a full bound, but not twice the bound: tickets
+            # promise at most a bound's worth of places (see AdmissionPolicy).
+            if self._bands[band].count >= 2 * bound:
+                stats = self._band_statistics(now, band)
+                return Shed(
+                    ShedReason.QUEUE_FULL,
+                    stats.time_to_drain_s(max_s=max_retry_after_s),
+                    f"band {band!r} holds {stats.queued_requests} requests, twice its bound "
+                    f"of {bound}: no more ticketed retries fit",
+                )
+            if self._tenant_count.get(tenant, 0) >= 2 * tenant_bound:
+                stats = self._tenant_statistics(now, tenant)
+                return Shed(
+                    ShedReason.QUEUE_FULL,
+                    stats.time_to_drain_s(max_s=max_retry_after_s),
+                    f"tenant {tenant!r} has {stats.queued_requests} requests queued, twice "
+                    f"its bound of {tenant_bound}: no more ticketed retries fit",
+                )
+            return None
         if self._bands[band].count >= bound:
             stats = self._band_statistics(now, band)
             return Shed(
@@ -647,7 +688,6 @@ class PriorityQueues(Generic[T]):
                 f"band {band!r} holds {stats.queued_requests} of {bound} requests, "
                 f"draining {stats.drain_requests_per_s:.3g}/s",
             )
-        tenant_bound = self.config.max_queued_per_tenant
         if self._tenant_count.get(tenant, 0) >= tenant_bound:
             stats = self._tenant_statistics(now, tenant)
             return Shed(
@@ -661,7 +701,7 @@ class PriorityQueues(Generic[T]):
     # -- slots and pop ------------------------------------------------------------------
 
     def _check_slots(self, total_slots: int) -> None:
-        reserved = self.config.critical_reserved_slots
+        reserved = self.config.reserved_slots(total_slots)
         if 0 < total_slots <= reserved:
             raise ValueError(
                 f"total_slots ({total_slots}) must exceed queues.critical_reserved_slots "
@@ -679,7 +719,7 @@ class PriorityQueues(Generic[T]):
         free = total_slots - in_use
         if checked != "critical":
             non_critical = in_use - running.get("critical", 0)
-            free = min(free, total_slots - cfg.critical_reserved_slots - non_critical)
+            free = min(free, total_slots - cfg.reserved_slots(total_slots) - non_critical)
         if checked == "background":
             cap = cfg.background_cap_slots(total_slots)
             free = min(free, cap - running.get("background", 0))

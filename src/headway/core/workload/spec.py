@@ -499,6 +499,12 @@ class Slo(_Spec, frozen=True, kw_only=True):
     attainment_target: float = 0.9
     """The fraction of requests that must meet the SLO; the knee is where this breaks."""
 
+    @property
+    def bounds_latency(self) -> bool:
+        """True when a call can miss it: it names ``ttft_s``, ``tpot_s`` or ``e2e_s``
+        (SLO attainment counts calls; ``task_deadline_s`` is judged per task)."""
+        return self.ttft_s is not None or self.tpot_s is not None or self.e2e_s is not None
+
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s", "e2e_s", "task_deadline_s"):
             _positive(name, getattr(self, name))

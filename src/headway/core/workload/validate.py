@@ -19,6 +19,26 @@ def _unknown(kind: str, name: str, known: Iterable[str], path: str, fix: str) ->
     )
 
 
+def unbounded_classes(spec: WorkloadSpec) -> list[str]:
+    """The classes whose SLO names no latency bound: any latency meets it."""
+    return [name for name, cls in spec.classes.items() if not cls.slo.bounds_latency]
+
+
+def require_latency_slo(spec: WorkloadSpec, what: str) -> None:
+    """Raise :class:`WorkloadError` when no class bounds a latency: SLO attainment is then
+    100% at any load, and ``what`` (a knee search, a plan) has nothing to find."""
+    if len(unbounded_classes(spec)) < len(spec.classes):
+        return
+    name = next(iter(spec.classes))
+    raise WorkloadError(
+        f"$.classes: no class names a latency SLO (slo.ttft_s, slo.tpot_s or slo.e2e_s), "
+        f"so every load meets it and {what} has no knee to find; add your promise, e.g. "
+        f"`classes.{name}.slo: {{ttft_s: 2.0, tpot_s: 0.1}}` (task_deadline_s alone is "
+        "judged per task, not per call)",
+        path="$.classes",
+    )
+
+
 def validate_workload(spec: WorkloadSpec) -> WorkloadSpec:
     """Raise :class:`WorkloadError` for broken references between sections.
 

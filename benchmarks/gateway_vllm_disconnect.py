@@ -1,0 +1,110 @@
+"""Do in-flight disconnects behind `headway gateway` free a real vLLM's slot within 100 ms?
+(issue 14, Deliver 2; issue 15, "must show")
+
+Two vLLM servers (the real-engine tier's CPU build and tiny model, seeds 0 and 1; or
+``--upstream URL`` twice for running ones) behind one gateway. Each trial sends a long
+chat call through the gateway on a raw socket, waits until vLLM's
+``vllm:num_requests_running`` shows it (a stream: until three tokens arrived), closes the
+socket and polls both engines' ``/metrics`` every 4 ms until the gauge is back at 0
+(:mod:`headway.realengine.slot_release`). Trials alternate streamed and not; with
+``--direct`` the same trials go to a vLLM without the gateway (the engine's own floor).
+
+The figure's floor is the engine's step: vLLM 0.32 applies an abort when the step under
+way ends (``EngineCore.step``: ``_process_aborts_queue`` after ``execute_model``), and the
+gauges come with that step's stats, so a disconnect frees the slot a uniform share of one
+step after the close. The JSON line reports, per kind, the fraction within 100 ms, within
+one step + 100 ms, the p50 and max, and the step time (vLLM's mean inter-token latency
+during each trial).
+
+    python benchmarks/gateway_vllm_disconnect.py [--trials 20] [--upstream URL --upstream URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from headway.gateway.process import GatewayProcess
+from headway.realengine.install import VllmVenv, default_venv_path
+from headway.realengine.model import ModelSpec, build_model, default_model_dir
+from headway.realengine.server import VllmServer
+from headway.realengine.slot_release import (
+    ReleaseTrial,
+    engines_busy,
+    release_trial,
+    summarize,
+)
+
+KEY = "key-bench"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=20, help="trials per kind")
+    parser.add_argument("--direct", action="store_true",
+                        help="also run the trials against the first vLLM, no gateway")  # fmt: skip
+    parser.add_argument("--upstream", action="append", default=[], metavar="URL",
+                        help="a running vLLM (twice); default: start two")  # fmt: skip
+    args = parser.parse_args()
+    if args.trials < 1 or len(args.upstream) not in (0, 2):
+        parser.error("--trials >= 1, and --upstream twice or not at all")
+    with contextlib.ExitStack() as stack:
+        urls = list(args.upstream)
+        if not urls:
+            venv = VllmVenv(default_venv_path()).ensure(progress=lambda s: None)
+            logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            for seed in (0, 1):
+                spec = ModelSpec(seed=seed)
+                model = build_model(default_model_dir(spec), spec, python=venv.python)
+                server = VllmServer(venv.python, model, logs / f"vllm-{seed}.log")
+                stack.callback(server.stop)
+                print(f"starting vLLM seed {seed} ...", file=sys.stderr, flush=True)
+                urls.append(server.start())
+        config = {
+            "upstreams": [{"url": u} for u in urls],
+            "tenants": {KEY: {"name": "bench"}},
+            "slots_per_upstream": 4,
+            "queues": {"critical_reserved_slots": 0},
+        }
+        gw = stack.enter_context(GatewayProcess(config))
+        started = time.monotonic()
+        targets = {"gateway": (gw.url, urls)}
+        if args.direct:
+            targets["direct"] = (urls[0], urls[:1])
+        trials: dict[str, list[ReleaseTrial]] = {t: [] for t in targets}
+        for i in range(2 * args.trials):
+            for target, (url, engines) in targets.items():
+                while engines_busy(urls):
+                    time.sleep(0.05)
+                trial = release_trial(
+                    url, engines, stream=i % 2 == 0, headers={"Authorization": f"Bearer {KEY}"}
+                )
+                trials[target].append(trial)
+                print(f"{target} trial {i}: {trial}", file=sys.stderr, flush=True)
+    kinds = {
+        kind: summarize([t for t in trials["gateway"] if t.stream == stream])
+        for kind, stream in (("streaming", True), ("non_streaming", False))
+    }
+    direct = {
+        kind: summarize([t for t in trials.get("direct", []) if t.stream == stream])
+        for kind, stream in (("streaming", True), ("non_streaming", False))
+    }
+    print(json.dumps({
+        "disconnect_freed_within_100ms_fraction": {
+            k: v["freed_within_bound_fraction"] for k, v in kinds.items()},
+        "disconnect_freed_within_one_step_fraction": {
+            k: v["freed_within_one_step_fraction"] for k, v in kinds.items()},
+        "per_kind": kinds,
+        "direct_per_kind": direct if args.direct else None,
+        "wall_s": round(time.monotonic() - started, 1),
+    }))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

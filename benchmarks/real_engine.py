@@ -1,0 +1,588 @@
+"""The simulator held to a real engine: vLLM's CPU build serving the tiny model.
+
+Usage (from the repository root)::
+
+    python benchmarks/real_engine.py [--quick] [--out DIR]
+
+What it does, as a user would, through headway's own verbs (``headway.cli.main``):
+
+1. Installs vLLM's CPU build (unless present; ``headway.realengine``), builds the tiny
+   model with a 4,096-token context (so prompts longer than the 2,048-token step budget
+   exist: chunked prefill) and starts vLLM with its default KV pool.
+2. ``headway calibrate`` against it: a profile and a cluster file (``profile.cluster.yaml``).
+3. The simulator's knee of the Poisson workload (``sweep --search`` with that cluster).
+4. For each workload: ``bench`` on vLLM with ``--out`` (records, the sent trace), then
+   ``simulate`` of the sent trace (``sent-workload.yaml``: exactly what vLLM got, with the
+   served token counts and the send times) with the calibrated cluster. vLLM's
+   ``vllm:num_preemptions_total`` and prefix-cache counters are read before and after.
+   Workloads: Poisson at 30%, 70% and 120% of the simulated knee; a bursty trace replay; a
+   long-prompt mix (prompts of 2,500-3,800 tokens: two prefill chunks each); a shared-prefix
+   trace (Mooncake ``hash_ids``); and, on a second vLLM whose KV pool is a few blocks
+   (``--num-gpu-blocks-override``), a load that makes it preempt.
+5. The real knee: ``bench --sweep`` (full mode), or in ``--quick`` mode the load where the
+   three Poisson points' SLO attainment crosses the target (linear interpolation between
+   the bracketing points; ``null`` when no point is below it).
+6. The step-time drift: calibrate's reference probe measured again at the end, against the
+   first reference step of the calibration.
+
+vLLM runs with ``OMP_NUM_THREADS=1`` unless ``--omp-threads`` says otherwise: with torch's
+default (one thread per core) on a shared two-core host, the same reference decode step
+measured 354, 92 and 14 ms within 90 s (the OpenMP threads wait on each other whenever
+another process holds a core), so no fitted model could predict it; one thread measured
+14.1, 14.0 and 15.9 ms under the same load (and 29, 12, 6, 40 ms in a later run: steadier,
+not steady).
+
+Progress goes to stderr; the last line of stdout is one JSON object (see ``summarize``).
+``--quick`` skips the small-KV server and the real sweep and uses short runs (about 10
+minutes on a loaded two-core machine); the full mode takes about 40.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from headway.cli import main as headway_main  # noqa: E402
+
+METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
+"""Latency figures compared per workload (bench's and simulate's p50 and p99)."""
+
+SLO = {"ttft_s": 4.0, "tpot_s": 1.0}
+"""The workloads' SLO (a CPU engine steps at ~0.5 s): the knee is where 90% keep it."""
+
+CONTEXT_TOKENS = 4096
+"""The model's and vLLM's ``max_model_len``: room for prompts over the step budget."""
+
+STEP_BUDGET_TOKENS = 2048
+"""vLLM's ``--max-num-batched-tokens`` (its chunked-prefill budget)."""
+
+SMALL_POOL_BLOCKS = 16
+"""The preempting server's KV pool (blocks of 128 tokens: 2,048 tokens, one of them vLLM's
+null block). vLLM refuses to start unless one ``max_model_len`` request fits the pool."""
+
+SMALL_POOL_CONTEXT_TOKENS = 1024
+"""The preempting server's ``max_model_len`` (4,096 would not fit its pool)."""
+
+
+def log(message: str) -> None:
+    """Progress, to stderr."""
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+# --- pure parts: errors and the summary -------------------------------------------------
+
+
+def relative_error(sim: float | None, real: float | None) -> float | None:
+    """(sim − real) / real; None when either is missing or real is 0."""
+    if sim is None or real is None or not math.isfinite(sim) or not math.isfinite(real):
+        return None
+    if real == 0:
+        return None
+    return (sim - real) / real
+
+
+def latency_figures(latencies: Mapping[str, Any]) -> dict[str, float | None]:
+    """``ttft_p50`` … ``e2e_p99`` from a ``latencies`` object (bench's or simulate's)."""
+    out: dict[str, float | None] = {}
+    for metric in METRICS:
+        name, pct = metric.split("_")
+        value = (latencies.get(name) or {}).get(f"{pct}_s")
+        out[metric] = None if value is None else float(value)
+    return out
+
+
+def crossing_load(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The load where attainment first falls below ``target``, interpolated linearly
+    between the last point at or above it and the first below (``points``: (load,
+    attainment)). None when no point is below it or the first already is."""
+    ordered = sorted(points)
+    for (l0, a0), (l1, a1) in itertools.pairwise(ordered):
+        if a0 >= target > a1:
+            return l0 + (a0 - target) / (a0 - a1) * (l1 - l0)
+    return None
+
+
+def median_abs(values: Sequence[float | None]) -> float | None:
+    """Median of |x| over the values that exist."""
+    present = [abs(v) for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
+    """One workload's errors: ``real`` and ``sim`` each hold the six latency figures,
+    ``throughput`` (output tokens/s), ``preemptions`` and ``prefix_hit_rate``."""
+    errors = {f"{m}_error": relative_error(sim.get(m), real.get(m)) for m in METRICS}
+    errors["throughput_error"] = relative_error(sim.get("throughput"), real.get("throughput"))
+    return {
+        **errors,
+        "preemptions_real": real.get("preemptions"),
+        "preemptions_sim": sim.get("preemptions"),
+        "prefix_hit_rate_real": real.get("prefix_hit_rate"),
+        "prefix_hit_rate_sim": sim.get("prefix_hit_rate"),
+        "real": dict(real),
+        "sim": dict(sim),
+    }
+
+
+def summarize(
+    per_workload: Mapping[str, Mapping[str, Any]],
+    *,
+    knee_real: float | None,
+    knee_sim: float | None,
+    step_drift: float | None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON line: median |relative error| of each figure over the workloads, the knee
+    (real vs simulated), preemption totals, the step drift, and every workload's detail."""
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        out[f"{m}_error"] = median_abs([w.get(f"{m}_error") for w in per_workload.values()])
+    out["throughput_error"] = median_abs([w.get("throughput_error") for w in per_workload.values()])
+    out["knee_real"] = knee_real
+    out["knee_sim"] = knee_sim
+    out["knee_error"] = relative_error(knee_sim, knee_real)
+    real_p = [w.get("preemptions_real") for w in per_workload.values()]
+    sim_p = [w.get("preemptions_sim") for w in per_workload.values()]
+    out["preemptions_real"] = sum(int(p) for p in real_p if p is not None)
+    out["preemptions_sim"] = sum(int(p) for p in sim_p if p is not None)
+    out["step_drift"] = step_drift
+    out.update(extra or {})
+    out["per_workload"] = {name: dict(w) for name, w in per_workload.items()}
+    return out
+
+
+# --- workloads --------------------------------------------------------------------------
+
+
+def poisson_workload(rate_per_s: float, duration_s: float, seed: int) -> dict[str, Any]:
+    """Chat-sized calls (lognormal 256 in, 32 out) arriving as a Poisson process."""
+    return {
+        "name": "poisson",
+        "seed": seed,
+        "duration_s": duration_s,
+        "classes": {
+            "chat": {
+                "input_tokens": {"dist": "lognormal", "mean": 256, "cv": 0.6},
+                "output_tokens": {"dist": "lognormal", "mean": 32, "cv": 0.5},
+                "slo": SLO,
+            }
+        },
+        "sources": [
+            {"name": "users", "arrivals": {"process": "poisson", "rate_per_s": rate_per_s}}
+        ],
+    }
+
+
+def long_prompt_workload(rate_per_s: float, duration_s: float, seed: int) -> dict[str, Any]:
+    """A mix where a quarter of the prompts are longer than the step budget (chunked)."""
+    return {
+        "name": "long-prompts",
+        "seed": seed,
+        "duration_s": duration_s,
+        "classes": {
+            "short": {
+                "input_tokens": {"dist": "uniform", "low": 100, "high": 400},
+                "output_tokens": 24,
+                "slo": SLO,
+            },
+            "long": {
+                "input_tokens": {"dist": "uniform", "low": 2500, "high": 3800},
+                "output_tokens": 24,
+                "slo": SLO,
+            },
+        },
+        "sources": [
+            {
+                "name": "users",
+                "arrivals": {"process": "poisson", "rate_per_s": rate_per_s},
+                "mix": {"short": 0.75, "long": 0.25},
+            }
+        ],
+    }
+
+
+def preempt_workload(duration_s: float, seed: int) -> dict[str, Any]:
+    """Long outputs at a rate that fills a pool of 16 blocks (about 3 such requests): vLLM
+    must preempt."""
+    return {
+        "name": "preempt",
+        "seed": seed,
+        "duration_s": duration_s,
+        "classes": {
+            "gen": {
+                "input_tokens": {"dist": "uniform", "low": 200, "high": 400},
+                "output_tokens": 160,
+                "slo": SLO,
+            }
+        },
+        "sources": [{"name": "users", "arrivals": {"process": "poisson", "rate_per_s": 1.5}}],
+    }
+
+
+def bursty_trace(duration_s: float, seed: int) -> str:
+    """A generic CSV trace: bursts of 6-10 calls within half a second, every 8 s, over a
+    trickle of one call every 2 s."""
+    rng = random.Random(seed)
+    rows: list[tuple[float, int, int]] = []
+    t = 0.0
+    while t < duration_s:
+        rows.append((t, rng.randint(100, 500), rng.randint(16, 48)))
+        t += 2.0
+    for start in range(0, int(duration_s), 8):
+        burst = rng.randint(6, 10)
+        rows.extend(
+            (start + 1.0 + rng.uniform(0, 0.5), rng.randint(100, 500), rng.randint(16, 48))
+            for _ in range(burst)
+        )
+    rows.sort()
+    lines = ["timestamp_s,input_tokens,output_tokens"]
+    lines += [f"{ts:.4f},{i},{o}" for ts, i, o in rows]
+    return "\n".join(lines) + "\n"
+
+
+def shared_prefix_trace(duration_s: float, rate_per_s: float, seed: int) -> str:
+    """A Mooncake trace (ms timestamps, 512-token ``hash_ids`` blocks): four system prompts
+    of two blocks each, shared by every call of their group, then 64-300 tokens of its own."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    t = rng.expovariate(rate_per_s)
+    next_id = 100
+    while t < duration_s:
+        group = rng.randrange(4)
+        own = rng.randint(64, 300)
+        ids = [2 * group, 2 * group + 1, next_id]  # the own block is never shared
+        next_id += 1
+        row = {"timestamp": round(t * 1000.0, 3), "input_length": 1024 + own,
+               "output_length": rng.randint(16, 40), "hash_ids": ids}  # fmt: skip
+        lines.append(json.dumps(row))
+        t += rng.expovariate(rate_per_s)
+    return "\n".join(lines) + "\n"
+
+
+# --- driving headway and vLLM -----------------------------------------------------------
+
+
+def run_cli(args: Sequence[str]) -> tuple[int, str]:
+    """``headway ARGS`` in this process; its exit code and stdout (stderr passes through)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = headway_main(list(args))
+    return code, buffer.getvalue()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """vLLM's counters that the comparison needs (summed over label sets)."""
+    wanted = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
+              "vllm:prefix_cache_hits_total")  # fmt: skip
+    out = dict.fromkeys(wanted, 0.0)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def cache_blocks(url: str) -> int | None:
+    """``num_gpu_blocks`` from ``vllm:cache_config_info``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{") and 'num_gpu_blocks="' in line:
+            value = line.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
+            return int(value) if value.isdigit() else None
+    return None
+
+
+@dataclass
+class Bench:
+    """The calibrated cluster and where runs go."""
+
+    url: str
+    cluster: Path
+    out: Path
+    quick: bool
+    lateness_ms: str = "2000"
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def workload_file(self, name: str, spec: Mapping[str, Any]) -> Path:
+        path = self.out / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(dict(spec), sort_keys=False), encoding="utf-8")
+        return path
+
+    def measure(self, name: str, source: Path, extra: Sequence[str] = ()) -> dict[str, Any]:
+        """bench on vLLM, simulate of what it sent; the comparison."""
+        run_dir = self.out / name
+        before = scrape(self.url)
+        log(f"{name}: bench on vLLM")
+        t0 = time.monotonic()
+        code, stdout = run_cli(["bench", str(source), "--target", self.url, "--out",
+                                str(run_dir), "--json", "--lateness-budget-ms",
+                                self.lateness_ms, "--read-timeout-s", "300", *extra])  # fmt: skip
+        if code not in (0, 1):
+            raise RuntimeError(f"bench {name} exited {code}")
+        bench = json.loads(stdout)
+        after = scrape(self.url)
+        log(f"{name}: bench took {time.monotonic() - t0:.0f} s (exit {code}); simulate")
+        delta = {k: after[k] - before[k] for k in after}
+        queries = delta["vllm:prefix_cache_queries_total"]
+        hits = delta["vllm:prefix_cache_hits_total"]
+        real = {
+            **latency_figures(bench["latencies"]),
+            "throughput": bench["tokens"]["output_tokens_per_s"],
+            "preemptions": int(delta["vllm:num_preemptions_total"]),
+            "prefix_hit_rate": hits / queries if queries else None,
+            "slo_attainment": bench["slo"]["attainment"],
+            "calls": bench["outcomes"]["calls"],
+            "bench_exit": code,
+            "lateness_p99_s": bench["pacing"]["lateness"]["p99_s"],
+        }
+        code, stdout = run_cli(["simulate", str(run_dir / "sent-workload.yaml"), "--cluster",
+                                str(self.cluster), "--json"])  # fmt: skip
+        if code != 0:
+            raise RuntimeError(f"simulate {name} exited {code}")
+        simulated = json.loads(stdout)
+        sim = {
+            **latency_figures(simulated["latencies"]),
+            "throughput": simulated["throughput"]["output_tokens_per_s"],
+            "preemptions": simulated["engine"]["preemptions"],
+            "prefix_hit_rate": simulated["engine"]["prefix_hit_ratio"],
+            "slo_attainment": simulated["slo"]["attainment"],
+            "calls": simulated["calls"],
+        }
+        result = compare(real, sim)
+        self.results[name] = result
+        shown = {k: None if v is None else round(v, 3) for k, v in result.items()
+                 if k.endswith("_error")}  # fmt: skip
+        log(f"{name}: {json.dumps(shown)}")
+        return result
+
+
+def sim_knee(workload: Path, cluster: Path) -> float:
+    """The simulated knee: ``sweep --search``'s load factor."""
+    code, stdout = run_cli(["sweep", str(workload), "--cluster", str(cluster), "--search",
+                            "--json", "--jobs", "1"])  # fmt: skip
+    if code != 0:
+        raise RuntimeError(f"sweep --search exited {code}")
+    knee = json.loads(stdout)["knee"]
+    return float(knee["load_factor"])
+
+
+def reference_step_s(url: str, profile: Path) -> float:
+    """Calibrate's reference probe (the drift check's decode step) measured once more."""
+    from headway.calibrate.fit import probe_samples
+    from headway.calibrate.plan import ProbePlan
+    from headway.calibrate.probe import run_probes
+    from headway.calibrate.trust import reference_drift
+
+    plan_dict = json.loads(profile.read_text(encoding="utf-8"))["plan"]
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in plan_dict.items()
+    }
+    base = ProbePlan(**fields)
+    ref = base.reference()
+    plan = replace(
+        base,
+        rounds=1,
+        prefill_prompt_tokens=(16, 24, 32),
+        prefill_output_tokens=2,
+        decode_concurrency=(ref.concurrency,),
+        decode_prompt_tokens=(ref.prompt_tokens,),
+    )
+    _, results = asyncio.run(run_probes(url, plan))
+    steps, _ = reference_drift(probe_samples(results, plan, 1.0))
+    return float(statistics.median(steps))
+
+
+@contextlib.contextmanager
+def vllm(venv_python: str, model: Path, log_path: Path, **settings: Any) -> Iterator[str]:
+    """One vLLM server for the block; its URL."""
+    from headway.realengine.server import VllmServer, VllmSettings
+
+    server = VllmServer(venv_python, model, log_path, VllmSettings(**settings))
+    t0 = time.monotonic()
+    log(f"starting vLLM ({settings or 'defaults'})")
+    try:
+        server.start()
+    except BaseException:  # a signal while it starts: stop what was started
+        server.stop()
+        raise
+    log(f"vLLM ready in {time.monotonic() - t0:.0f} s at {server.url} (pid {server.pid})")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        log("vLLM stopped")
+
+
+def small_pool(
+    bench: Bench, python: str, model: Path, profile: Path, cluster: Path, seconds: float
+) -> None:
+    """The preemption workload on a second vLLM whose KV pool is a few blocks, simulated
+    with the calibrated cluster and the pool that vLLM reports."""
+    settings = {"max_model_len": SMALL_POOL_CONTEXT_TOKENS,
+                "max_num_batched_tokens": STEP_BUDGET_TOKENS,
+                "extra_args": ("--num-gpu-blocks-override", str(SMALL_POOL_BLOCKS))}  # fmt: skip
+    with vllm(python, model, bench.out / "vllm-small.log", **settings) as url:
+        blocks = cache_blocks(url)
+        small = yaml.safe_load(cluster.read_text(encoding="utf-8"))
+        small["num_kv_blocks"] = blocks or SMALL_POOL_BLOCKS
+        small["profile"] = str(profile.resolve())
+        small_cluster = bench.out / "small-pool.cluster.yaml"
+        small_cluster.write_text(yaml.safe_dump(small, sort_keys=False), encoding="utf-8")
+        bench.url, bench.cluster = url, small_cluster
+        bench.measure("preempt", bench.workload_file("preempt", preempt_workload(seconds, 13)))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from headway.realengine.install import VllmVenv, default_venv_path
+    from headway.realengine.model import ModelSpec, build_model
+
+    started = time.monotonic()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    quick = args.quick
+    seconds = args.seconds or (30.0 if quick else 90.0)
+    common = {"max_model_len": CONTEXT_TOKENS, "max_num_batched_tokens": STEP_BUDGET_TOKENS}
+    if args.omp_threads:  # vLLM's child inherits it (torch's thread count under nobind)
+        os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)
+    if args.target:  # an engine already running (a dry run against the emulator)
+        python, model = "", out
+        engine: contextlib.AbstractContextManager[str] = contextlib.nullcontext(args.target)
+    else:
+        venv = VllmVenv(default_venv_path()).ensure(progress=log)
+        spec = ModelSpec(max_position_embeddings=CONTEXT_TOKENS)
+        python, model = venv.python, build_model(out / "model", spec, python=venv.python)
+        engine = vllm(python, model, out / "vllm.log", **common)
+    profile = out / "profile.json"
+    cluster = out / "profile.cluster.yaml"
+    extra: dict[str, Any] = {
+        "mode": "quick" if quick else "full",
+        "load_average_start": os.getloadavg()[0],
+        "omp_threads": args.omp_threads,
+    }
+    with engine as url:
+        log("calibrate")
+        grid = ["--rounds", "2" if quick else "3", "--prefill-prompt-tokens",
+                "128,512,1536,3072" if quick else "128,512,1024,2048,3072,4000",
+                "--prefill-output-tokens", "6", "--decode-concurrency", "1,8,32",
+                "--decode-prompt-tokens", "128" if quick else "128,2048",
+                "--decode-output-tokens", "18",
+                "--max-num-batched-tokens", str(STEP_BUDGET_TOKENS),
+                "--max-num-seqs", "32"]  # fmt: skip
+        code = 1
+        for _attempt in range(1 if quick else 2):
+            code, _ = run_cli(["calibrate", "--target", url, "--out", str(profile), *grid])
+            if code == 0:
+                break
+            log(f"calibrate exited {code}")
+        if not profile.exists():
+            raise RuntimeError("calibrate wrote no profile")
+        extra["calibration_trusted"] = code == 0
+        fit = json.loads(profile.read_text(encoding="utf-8"))["fit"]
+        extra["calibration_problems"] = fit.get("problems", [])
+        first_step_s = fit["reference_step_s"][0]
+        bench = Bench(url, cluster, out, quick)
+        base = bench.workload_file("poisson-base", poisson_workload(1.0, seconds, seed=11))
+        knee_sim = sim_knee(base, cluster)
+        log(f"simulated knee: {knee_sim:.3g} calls/s (x{knee_sim:.3g} of 1/s)")
+        attainment: list[tuple[float, float]] = []
+        for share in (0.3, 0.7, 1.2):
+            name = f"poisson-{int(share * 100)}"
+            path = bench.workload_file(name, poisson_workload(share * knee_sim, seconds, seed=11))
+            result = bench.measure(name, path)
+            attainment.append((share * knee_sim, result["real"]["slo_attainment"]))
+        trace = out / "bursty.csv"
+        trace.write_text(bursty_trace(seconds, seed=5), encoding="utf-8")
+        bench.measure("bursty", trace)
+        mix = long_prompt_workload(0.15, seconds * 1.5, seed=7)
+        path = bench.workload_file("long-prompts", mix)
+        bench.measure("long-prompts", path)
+        trace = out / "shared-prefix.jsonl"
+        trace.write_text(shared_prefix_trace(seconds, 0.5 * knee_sim, seed=3), encoding="utf-8")
+        bench.measure("shared-prefix", trace, ["--trace-format", "mooncake"])
+        if quick:
+            knee_real = crossing_load(attainment, 0.9)
+            extra["knee_real_method"] = "interpolated between the Poisson points' attainment"
+        else:
+            log("bench --sweep on vLLM")
+            code, stdout = run_cli(["bench", str(base), "--target", url, "--sweep", "--json",
+                                    "--load", str(round(0.7 * knee_sim, 3)),
+                                    "--lateness-budget-ms", bench.lateness_ms])  # fmt: skip
+            knee_real = float(json.loads(stdout)["knee"]["load_factor"])
+            extra["knee_real_method"] = "bench --sweep"
+        end_step_s = reference_step_s(url, profile)
+        step_drift = end_step_s / first_step_s - 1.0
+        extra["reference_step_s"] = [first_step_s, end_step_s]
+    if not quick and not args.target:
+        try:
+            small_pool(bench, python, model, profile, cluster, seconds)
+        except (RuntimeError, OSError, KeyError, ValueError) as error:
+            log(f"the small-pool run failed: {error}")
+            extra["preempt_error"] = str(error)[:500]
+    extra["load_average_end"] = os.getloadavg()[0]
+    extra["wall_s"] = round(time.monotonic() - started, 1)
+    return summarize(bench.results, knee_real=knee_real, knee_sim=knee_sim,
+                     step_drift=step_drift, extra=extra)  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a subset, short runs (~10 min)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for every run's files")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="length of each run (default 30 with --quick, else 90)",
+    )
+    parser.add_argument(
+        "--omp-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for vLLM (default 1: steady steps on a shared host; 0: torch's "
+        "default, one thread per core)",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="an engine already running (no vLLM is started; no small-KV run)",
+    )
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop vLLM on the way out
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="headway-real-engine-"))
+    log(f"files in {args.out}")
+    summary = run(args)
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

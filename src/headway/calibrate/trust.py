@@ -1,0 +1,102 @@
+"""Whether a calibration can be trusted: the drift check and the confidence check.
+
+A host whose speed changes during a calibration (other jobs, thermal limits, a noisy
+neighbour) gives a profile of no particular moment. Two checks catch it, and
+``headway calibrate`` exits 1 naming what failed instead of writing a profile that looks
+fine:
+
+- **drift**: the reference probe opens every round and closes the run; its median decode
+  step must stay within ``max_drift`` (relative) of the first one.
+- **confidence**: a coefficient's confidence interval (:func:`~headway.calibrate.fit.
+  bootstrap_intervals`) must not move the prediction of the sample it matters most to by
+  more than ``max_ci_impact``: half the interval's width times its leverage. A coefficient
+  that explains little of any measured time (a tiny attention cost at short contexts) may
+  be known loosely without harm; one that carries a step's time may not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from headway.calibrate.fit import PARAMETERS, ProbeSamples
+
+__all__ = ["DEFAULT_LIMITS", "TrustLimits", "ci_impacts", "problems", "reference_drift"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrustLimits:
+    """The thresholds of the checks (``--max-drift``, ``--max-ci-impact``)."""
+
+    max_drift: float = 0.15
+    """Largest relative change of the reference probe's step time from its first run."""
+    max_ci_impact: float = 0.25
+    """Largest share of a sample's time that a coefficient's 95% half-interval may move."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_drift", "max_ci_impact"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be a fraction > 0 (got {value}), e.g. 0.15 for 15%")
+
+
+DEFAULT_LIMITS = TrustLimits()
+
+
+def reference_drift(probes: Sequence[ProbeSamples]) -> tuple[list[float], float]:
+    """The reference probe's median step times in the order they ran, and the largest
+    relative change from the first (0 with fewer than two)."""
+    steps = [
+        p.typical_gap_s
+        for p in probes
+        if p.shape.kind == "reference" and p.typical_gap_s is not None and p.typical_gap_s > 0
+    ]
+    if len(steps) < 2:
+        return steps, 0.0
+    first = steps[0]
+    return steps, max(abs(s / first - 1.0) for s in steps[1:])
+
+
+def ci_impacts(
+    intervals: Mapping[str, tuple[float, float]], leverage: Mapping[str, float]
+) -> dict[str, float]:
+    """Half of each coefficient's interval times its leverage: how far its uncertainty
+    moves the prediction of the sample it matters most to (a fraction of that time)."""
+    out: dict[str, float] = {}
+    for name in PARAMETERS:
+        lo, hi = intervals[name]
+        out[name] = (hi - lo) / 2 * leverage[name] if leverage[name] > 0 else 0.0
+    return out
+
+
+def problems(
+    *,
+    steps_s: Sequence[float],
+    drift: float,
+    intervals: Mapping[str, tuple[float, float]],
+    impacts: Mapping[str, float],
+    values: Mapping[str, float],
+    limits: TrustLimits = DEFAULT_LIMITS,
+) -> list[str]:
+    """One line per failed check, naming the parameter, the value and the limit."""
+    out: list[str] = []
+    if drift > limits.max_drift:
+        first, worst = steps_s[0], max(steps_s[1:], key=lambda s: abs(s / steps_s[0] - 1.0))
+        out.append(
+            f"drift: the reference probe's decode step went from {first * 1e3:.3g} ms to "
+            f"{worst * 1e3:.3g} ms ({worst / first - 1:+.0%}) during the run, above "
+            f"--max-drift {limits.max_drift:.0%}: the host's speed changed; rerun on a "
+            "quiet machine"
+        )
+    for name in PARAMETERS:
+        if impacts[name] > limits.max_ci_impact:
+            lo, hi = intervals[name]
+            out.append(
+                f"{name}: {values[name]:.3g} s, 95% interval [{lo:.3g}, {hi:.3g}] moves the "
+                f"predicted time by up to {impacts[name]:.0%}, above --max-ci-impact "
+                f"{limits.max_ci_impact:.0%}: the probes disagree; rerun on a quiet "
+                "machine or with more --rounds"
+            )
+    return out

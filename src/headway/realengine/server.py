@@ -1,0 +1,177 @@
+"""Run vLLM's OpenAI-compatible server on a free loopback port, and stop what it started.
+
+``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails in the
+CPU build: it asks for a distribution named ``vllm``) with the flags that work on a CPU
+machine: float32, eager mode, a 2,048-token context, a small KV space. It starts in its own
+process group and logs to a file; readiness is ``GET /v1/models`` answering 200, within a
+bounded time; a server that dies first raises with its log's tail. Stopping sends SIGTERM
+to the group, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from headway.redis_process import free_port
+
+__all__ = ["VllmServer", "VllmSettings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmSettings:
+    """The engine's settings (vLLM's flag names, units in the names)."""
+
+    served_model_name: str = "tiny"
+    kv_cache_space_gib: int = 2
+    """``VLLM_CPU_KVCACHE_SPACE``: the KV pool, GiB."""
+    max_model_len: int = 2048
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    seed: int = 0
+    """vLLM's ``--seed`` (sampling; the dummy weights do not depend on it)."""
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class VllmServer:
+    """One vLLM server process serving ``model_dir`` (see the module docstring)."""
+
+    python: str
+    model_dir: Path
+    log_path: Path
+    settings: VllmSettings = field(default_factory=VllmSettings)
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Its base URL (without ``/v1``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The command line."""
+        s = self.settings
+        return [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--model", str(self.model_dir), "--served-model-name", s.served_model_name,
+            "--load-format", "dummy", "--dtype", "float32", "--enforce-eager",
+            "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+            "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+            "--seed", str(s.seed), "--disable-uvicorn-access-log",
+            *s.extra_args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: offline, no thread pinning, the KV space."""
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_space_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("PYTHONPATH", None)  # headway's sources are not vLLM's
+        return env
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the server's log."""
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def start(self, timeout_s: float = 900.0) -> str:
+        """Start it and wait until ``/v1/models`` answers; returns the URL."""
+        self.port = self.port or free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.environment(),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                self.stop()
+                raise RuntimeError(
+                    f"vllm exited with {code} before it was ready (log {self.log_path}):\n"
+                    + self.log_tail()
+                )
+            if self._ready():
+                return self.url
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(
+            f"vllm was not ready within {timeout_s:.0f} s (log {self.log_path}):\n"
+            + self.log_tail()
+        )
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as resp:
+                body = json.loads(resp.read())
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+        return any(m.get("id") == self.settings.served_model_name for m in body.get("data", []))
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (the leader of its process group)."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM its process group, wait, then SIGKILL; the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                proc.wait(timeout_s)
+        self._signal_group(signal.SIGKILL)  # workers the leader left behind
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return proc.returncode
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)  # its own group: start_new_session
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,87 @@
+"""The pure parts of ``benchmarks/real_engine.py``: errors, the knee by interpolation, the
+summary's shape, and workloads that headway accepts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from headway.core.workload.compile import compile_workload
+from headway.files.workload import parse_workload
+from headway.trace.readers import read_trace
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_engine.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("real_engine_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_relative_errors_and_medians(bench: ModuleType) -> None:
+    assert bench.relative_error(1.5, 1.0) == pytest.approx(0.5)
+    assert bench.relative_error(0.5, 2.0) == pytest.approx(-0.75)
+    assert bench.relative_error(1.0, 0.0) is None
+    assert bench.relative_error(None, 1.0) is None
+    assert bench.relative_error(float("nan"), 1.0) is None
+    assert bench.median_abs([-0.4, 0.1, None, 0.2]) == pytest.approx(0.2)
+    assert bench.median_abs([None]) is None
+
+
+def test_the_knee_is_where_attainment_crosses_the_target(bench: ModuleType) -> None:
+    points = [(3.0, 0.5), (0.3, 1.0), (0.7, 0.98)]  # any order
+    assert bench.crossing_load(points, 0.9) == pytest.approx(0.7 + (0.08 / 0.48) * 2.3)
+    assert bench.crossing_load([(1.0, 1.0), (2.0, 0.95)], 0.9) is None  # never below
+    assert bench.crossing_load([(1.0, 0.5), (2.0, 0.4)], 0.9) is None  # below from the start
+
+
+def test_the_summary_has_every_headline_field(bench: ModuleType) -> None:
+    lat = {"ttft": {"p50_s": 1.0, "p99_s": 2.0}, "tpot": {"p50_s": 0.5, "p99_s": 0.6},
+           "e2e": {"p50_s": 10.0, "p99_s": 20.0}}  # fmt: skip
+    real = {**bench.latency_figures(lat), "throughput": 100.0, "preemptions": 4,
+            "prefix_hit_rate": 0.5}  # fmt: skip
+    sim_lat = {k: {p: v * 1.1 for p, v in d.items()} for k, d in lat.items()}
+    sim = {**bench.latency_figures(sim_lat), "throughput": 90.0, "preemptions": 1,
+           "prefix_hit_rate": 0.6}  # fmt: skip
+    one = bench.compare(real, sim)
+    assert one["ttft_p50_error"] == pytest.approx(0.1)
+    assert one["throughput_error"] == pytest.approx(-0.1)
+    other = bench.compare(real, {**sim, "ttft_p50": 0.5})
+    out = bench.summarize({"a": one, "b": other, "c": one}, knee_real=2.0, knee_sim=1.8,
+                          step_drift=0.05)  # fmt: skip
+    for key in ("ttft_p50_error", "ttft_p99_error", "tpot_p50_error", "tpot_p99_error",
+                "e2e_p50_error", "e2e_p99_error", "throughput_error", "knee_error",
+                "preemptions_real", "preemptions_sim", "step_drift", "per_workload"):  # fmt: skip
+        assert key in out, key
+    assert out["ttft_p50_error"] == pytest.approx(0.1)  # median of |0.1|, |-0.5|, |0.1|
+    assert out["knee_error"] == pytest.approx(-0.1)
+    assert (out["preemptions_real"], out["preemptions_sim"]) == (12, 3)
+    assert set(out["per_workload"]) == {"a", "b", "c"}
+    json.dumps(out)  # one JSON line
+
+
+def test_the_workloads_compile(bench: ModuleType, tmp_path: Path) -> None:
+    for spec in (bench.poisson_workload(1.0, 30, 1), bench.long_prompt_workload(0.2, 30, 1),
+                 bench.preempt_workload(30, 1)):  # fmt: skip
+        w = compile_workload(parse_workload(spec))
+        assert w.num_calls > 0
+    long = compile_workload(parse_workload(bench.long_prompt_workload(0.5, 60, 1)))
+    assert long.call_input_tokens.max() > bench.STEP_BUDGET_TOKENS  # chunked prefill
+    assert long.call_input_tokens.max() + 24 <= bench.CONTEXT_TOKENS
+    (tmp_path / "b.csv").write_text(bench.bursty_trace(30, 1))
+    assert read_trace(tmp_path / "b.csv").arrival_s.size > 20
+    (tmp_path / "p.jsonl").write_text(bench.shared_prefix_trace(30, 1.0, 1))
+    shared = read_trace(tmp_path / "p.jsonl")
+    assert shared.hash_ids is not None
+    firsts = {int(ids[0]) for ids in shared.hash_ids}
+    assert firsts <= {0, 2, 4, 6}  # four shared system prompts

@@ -1,0 +1,45 @@
+"""The real-engine helpers without vLLM: a failed install names its step, a server that
+dies before it is ready raises with its log's tail."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from headway.realengine.install import InstallError, VllmVenv
+from headway.realengine.server import VllmServer, VllmSettings
+
+
+def test_a_failed_install_names_its_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No package source at all: the venv is made, installing torch fails and says so."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no find-links, no local index
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    steps: list[str] = []
+    venv = VllmVenv(tmp_path / "venv")
+    assert not venv.imports_vllm()
+    with pytest.raises(InstallError, match=r"step 'install torch==2\.13\.0' failed") as info:
+        venv.ensure(progress=steps.append)
+    assert "torch" in str(info.value)
+    assert [s.split(":")[0] for s in steps] == ["vllm install 1/4", "vllm install 2/4"]
+
+
+def test_a_server_that_dies_raises_with_its_log(tmp_path: Path) -> None:
+    """This Python has no vllm: the child exits, the error quotes its log; the command has
+    the flags that work on a CPU machine."""
+    log = tmp_path / "vllm.log"
+    server = VllmServer(sys.executable, tmp_path, log, VllmSettings(max_num_seqs=8, seed=3))
+    with pytest.raises(RuntimeError, match="exited with 1 before it was ready") as info:
+        server.start(timeout_s=60)
+    assert "No module named" in str(info.value)
+    command = server.command()
+    for flag in ("--enforce-eager", "--load-format", "dummy", "--dtype", "float32"):
+        assert flag in command
+    assert command[command.index("--max-num-seqs") + 1] == "8"
+    assert command[command.index("--seed") + 1] == "3"
+    env = server.environment()
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["HF_HUB_OFFLINE"] == "1"
+    assert server.stop() == 1

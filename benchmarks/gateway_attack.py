@@ -196,17 +196,6 @@ RATE_PER_S: Final = 200.0
 BURST_S: Final = 10.0
 
 
-def _served(emulator: str) -> float:
-    """Tokens the emulator prefilled and generated so far (its own counters)."""
-    with urllib.request.urlopen(f"{emulator}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-        found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-        total += sum(float(v) for v in found)
-    return total
-
-
 def _chat(prompt_tokens: int, max_tokens: int, *, stream: bool) -> bytes:
     """A chat request of about ``prompt_tokens`` (4 bytes each, as both servers count)."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "q" * (4 * prompt_tokens)}],
@@ -272,14 +261,16 @@ def _abuse_config(upstream: str) -> dict[str, Any]:
     }
 
 
-def _window_ratio(emulator: str, seconds: float, attack: Callable[[float], None]) -> float:
+def _window_ratio(
+    emulator: EmulatorProcess, seconds: float, attack: Callable[[float], None]
+) -> float:
     """Tokens served during ``attack(end)`` over the budget of its window."""
-    before = _served(emulator)
+    before = emulator.tokens_served()
     started = time.monotonic()
     attack(started + seconds)
     elapsed = time.monotonic() - started
     time.sleep(0.3)  # the engine's counters settle once its last stream was aborted
-    return (_served(emulator) - before) / (RATE_PER_S * BURST_S + RATE_PER_S * elapsed)
+    return (emulator.tokens_served() - before) / (RATE_PER_S * BURST_S + RATE_PER_S * elapsed)
 
 
 def _hang_up_after_first_token(statuses: _Statuses, gateway: str) -> Callable[[float], None]:
@@ -331,11 +322,9 @@ def budget_abuse(statuses: _Statuses, abuse_s: float = 6.0) -> dict[str, Any]:
     """``budget_overrun_ratio`` (see the module docstring) and its parts."""
     with EmulatorProcess(["--speedup", "1"]) as emu:
         with GatewayProcess(_abuse_config(emu.url)) as gw:
-            disconnects = _window_ratio(
-                emu.url, abuse_s, _hang_up_after_first_token(statuses, gw.url)
-            )
+            disconnects = _window_ratio(emu, abuse_s, _hang_up_after_first_token(statuses, gw.url))
         with GatewayProcess(_abuse_config(emu.url)) as gw:
-            tickets = _window_ratio(emu.url, abuse_s, _resize_and_reuse_tickets(statuses, gw.url))
+            tickets = _window_ratio(emu, abuse_s, _resize_and_reuse_tickets(statuses, gw.url))
     return {
         "budget_overrun_ratio": max(disconnects, tickets),
         "budget_ratio_disconnects": disconnects,
@@ -371,13 +360,6 @@ def _hostile_bodies() -> list[tuple[str, bytes, dict[str, str]]]:
     cases += [(f"{k}={json.dumps(v)[:20]}", json.dumps({**chat, k: v}).encode(), {})
               for k, v in fields]  # fmt: skip
     return cases
-
-
-def _rss_kib(pid: int, field: str = "VmHWM") -> int:
-    """Resident memory of process ``pid`` (KiB): its peak (``VmHWM``) or now (``VmRSS``)."""
-    with open(f"/proc/{pid}/status") as f:
-        line = next(line for line in f if line.startswith(f"{field}:"))
-    return int(line.split()[1])
 
 
 def _gzip_bomb(inflated_mb: int) -> bytes:
@@ -497,13 +479,13 @@ def http_boundary(statuses: _Statuses, slowloris: bool = True) -> dict[str, Any]
             bomb = _gzip_bomb(800)
             growth: dict[str, float] = {}
             for server, auth in servers:
-                peak_kib = max(_rss_kib(server.pid, "VmHWM"), _rss_kib(server.pid, "VmRSS"))
+                peak_kib = max(server.rss_kib("VmHWM"), server.rss_kib())
                 head = ["POST /v1/completions HTTP/1.1", "Host: x", "Content-Encoding: gzip",
                         "Content-Type: application/json", f"Content-Length: {len(bomb)}",
                         "Connection: close", *(f"{k}: {v}" for k, v in auth.items())]  # fmt: skip
                 answer = _raw(server.url, ("\r\n".join(head) + "\r\n\r\n").encode() + bomb)
                 _raw_status(statuses, f"{server.verb} gzip bomb", answer)
-                growth[server.verb] = (_rss_kib(server.pid, "VmHWM") - peak_kib) / 1024
+                growth[server.verb] = (server.rss_kib("VmHWM") - peak_kib) / 1024
             figures["gzip_bomb_rss_growth_mb"] = max(growth.values())
             figures["gzip_bomb_bytes"] = len(bomb)
             if slowloris:

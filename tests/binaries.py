@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from headway.loopback import free_port
 from headway.redis_process import RedisServer as _RedisServer
-from headway.redis_process import free_port
 
 __all__ = ["RedisServer", "free_port", "require_binary"]
 

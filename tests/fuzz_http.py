@@ -225,13 +225,6 @@ def closed_first() -> contextlib.suppress:
     return contextlib.suppress(ConnectionResetError, BrokenPipeError)
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of process ``pid`` (KiB)."""
-    with open(f"/proc/{pid}/status") as f:
-        line = next(line for line in f if line.startswith("VmRSS:"))
-    return int(line.split()[1])
-
-
 def assert_slowloris_does_not_block(url: str, headers: dict[str, str]) -> int:
     """64 clients trickle a request header a byte at a time while one fast client sends 50
     requests: every fast one is answered 200 within 10 s. Returns the fast requests sent."""

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RedisServer", "find_redis_server", "free_port"]
+from headway.loopback import free_port
+
+__all__ = ["RedisServer", "find_redis_server"]
 
 
 def find_redis_server() -> str | None:
@@ -26,14 +28,6 @@ def find_redis_server() -> str | None:
         ),
         None,
     )
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RedisServer:

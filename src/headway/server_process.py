@@ -121,6 +121,12 @@ class ServerProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    def rss_kib(self, field: str = "VmRSS") -> int:
+        """Its resident memory (KiB) from ``/proc``: now (``VmRSS``) or its peak (``VmHWM``)."""
+        with open(f"/proc/{self.pid}/status") as f:
+            line = next(line for line in f if line.startswith(f"{field}:"))
+        return int(line.split()[1])
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, wait, SIGKILL if needed; the exit code."""
         proc = self.proc

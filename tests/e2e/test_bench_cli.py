@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headway.redis_process import free_port
+from headway.loopback import free_port
 
 WORKLOAD = """\
 name: e2e

@@ -18,7 +18,7 @@ from headway.calibrate.profile import PROFILE_FORMAT, read_profile
 from headway.cli import main
 from headway.emulate.parity import emulator_lag_max_s
 from headway.emulate.process import EmulatorProcess
-from headway.redis_process import free_port
+from headway.loopback import free_port
 
 MAX_LAG_S = 0.03
 """Wall seconds the emulator may fall behind real time for its timings to be the model's."""
@@ -160,9 +160,11 @@ def test_an_unwritable_out_fails_before_any_probe(
             (blocker / "profile.json", "cannot write there"),
             (tmp_path, "is a folder; name the file to write"),
         ):
-            code = main(["calibrate", "--target", emu.url, "--out", str(out), "--json"])
+            with pytest.raises(SystemExit) as exited:  # a usage error, found at parse
+                main(["calibrate", "--target", emu.url, "--out", str(out), "--json"])
             err = capsys.readouterr().err
-            assert code == 2 and f"--out {out}" in err and words in err, err
+            assert exited.value.code == 2, err
+            assert f"argument --out: {out}" in err and words in err, err
         with urllib.request.urlopen(f"{emu.url}/metrics", timeout=10) as resp:
             metrics = resp.read().decode()
     served = re.search(r"^headway_emulator_http_requests_total(?:{[^}]*})? (\S+)$", metrics,

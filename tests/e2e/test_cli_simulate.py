@@ -80,6 +80,11 @@ def test_sweep_search_agrees_with_dense_sweep(
     assert main(["sweep", str(w), "--cluster", str(c), "--search", "--jobs", "2", "--json"]) == 0
     knee = json.loads(capsys.readouterr().out)["knee"]
     assert knee["found"]
+    # Issue 16, defect 14: the text says which load the sweep scaled (the plan's knee differs).
+    assert main(["sweep", str(w), "--cluster", str(c), "--search", "--jobs", "2"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "the file's arrivals scaled as written, bursts and schedules included" in text
+    assert "`plan` searches a steady load at the peak rate instead" in text
     # Attainment is not perfectly monotone in load for one seed; the knee must lie within one
     # dense step of the largest passing dense point below the first failing one.
     first_fail = min(failing)
@@ -108,3 +113,27 @@ def test_example_cluster_runs(capsys: pytest.CaptureFixture[str]) -> None:
                  "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     assert result["engine"]["replicas"] == 4
+
+
+@pytest.mark.parametrize("deadline_s", [None, 30.0])
+def test_the_summary_says_when_no_task_deadline_is_declared(
+    deadline_s: float | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 16, defect 15: with no deadline in any class, "tasks within deadline 100.0%"
+    said nothing true (at 11% SLO attainment); the line says none was declared."""
+    spec = json.loads(json.dumps(WORKLOAD))
+    spec["duration_s"] = 10
+    if deadline_s is not None:
+        spec["classes"]["chat"]["slo"]["task_deadline_s"] = deadline_s
+    w, c = tmp_path / "w.yaml", tmp_path / "c.yaml"
+    w.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    c.write_text(yaml.safe_dump(CLUSTER), encoding="utf-8")
+    assert main(["simulate", str(w), "--cluster", str(c)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert main(["simulate", str(w), "--cluster", str(c), "--json"]) == 0
+    slo = json.loads(capsys.readouterr().out)["slo"]
+    assert slo["task_deadlines_declared"] is (deadline_s is not None)
+    if deadline_s is None:
+        assert "no task deadline declared" in text and "tasks within deadline 1" not in text
+    else:
+        assert f"tasks within deadline {slo['task_attainment']:.1%}" in text

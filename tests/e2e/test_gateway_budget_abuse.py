@@ -29,17 +29,6 @@ FREE = "key-free"  # a tenant without a budget
 METER = "key-meter"  # the budgeted tenant under test
 
 
-def _served(emulator: str) -> float:
-    """Tokens the emulator prefilled and generated so far."""
-    with urllib.request.urlopen(f"{emulator}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-        found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-        total += sum(float(v) for v in found)
-    return total
-
-
 METRICS_TOKEN = "budget-abuse-metrics"
 
 
@@ -83,11 +72,17 @@ class _Exchange:
         self.conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
                           headers={"Content-Type": "application/json",
                                    "Authorization": f"Bearer {key}"})  # fmt: skip
+        self.resp: http.client.HTTPResponse | None = None
 
     def response(self) -> http.client.HTTPResponse:
-        return self.conn.getresponse()
+        self.resp = self.conn.getresponse()
+        return self.resp
 
     def close(self) -> None:
+        # The response holds its own file on the socket: a connection that will close
+        # hands it over, and closing only the connection leaves the socket open.
+        if self.resp is not None:
+            self.resp.close()
         self.conn.close()
 
 
@@ -154,18 +149,20 @@ def _config(upstream: str, rate: float, burst_s: float, **extra: Any) -> dict[st
 
 
 @pytest.fixture(scope="module")
-def slow() -> Iterator[str]:
+def slow() -> Iterator[EmulatorProcess]:
     """Real time: a stream of hundreds of tokens lasts seconds."""
     with EmulatorProcess(["--speedup", "1"]) as emu:
-        yield emu.url
+        yield emu
 
 
-def _abuse_by_disconnects(gateway: str, emulator: str, rate: float, burst: float) -> float:
+def _abuse_by_disconnects(
+    gateway: str, emulator: EmulatorProcess, rate: float, burst: float
+) -> float:
     """Stream 1,000-token prompts, hang up after the first token, for 4 s: tokens served
     over the budget of the window (``burst + rate × elapsed``)."""
     body = _body(1000, 400, stream=True)
     assert _cost(body) <= burst
-    before = _served(emulator)
+    before = emulator.tokens_served()
     start = time.monotonic()
     statuses = []
     while time.monotonic() - start < 4.0:
@@ -174,32 +171,34 @@ def _abuse_by_disconnects(gateway: str, emulator: str, rate: float, burst: float
             time.sleep(0.05)
     elapsed = time.monotonic() - start
     time.sleep(0.3)  # the engine's counters settle once its last stream was aborted
-    served = _served(emulator) - before
+    served = emulator.tokens_served() - before
     assert statuses.count(200) >= 2 and 429 in statuses, statuses
     return served / (burst + rate * elapsed)
 
 
-def test_hanging_up_after_the_first_token_does_not_refund_the_served_prompt(slow: str) -> None:
+def test_hanging_up_after_the_first_token_does_not_refund_the_served_prompt(
+    slow: EmulatorProcess,
+) -> None:
     # Issue 15: 42,000 prompt tokens served in 15 s against a 7,000-token budget.
     rate, burst_s = 200.0, 10.0
-    with GatewayProcess(_config(slow, rate, burst_s)) as gw:
+    with GatewayProcess(_config(slow.url, rate, burst_s)) as gw:
         ratio = _abuse_by_disconnects(gw.url, slow, rate, rate * burst_s)
     assert ratio <= 1.05, f"served {ratio:.2f}x the budget"
 
 
-def test_shared_budgets_charge_disconnects_the_same(slow: str) -> None:
+def test_shared_budgets_charge_disconnects_the_same(slow: EmulatorProcess) -> None:
     rate, burst_s = 200.0, 10.0
     with RedisServer() as redis:
-        config = _config(slow, rate, burst_s, shared={"sync_interval_s": 0.2})
+        config = _config(slow.url, rate, burst_s, shared={"sync_interval_s": 0.2})
         with GatewayProcess(config, args=("--redis", redis.url)) as gw:
             ratio = _abuse_by_disconnects(gw.url, slow, rate, rate * burst_s)
     assert ratio <= 1.05, f"served {ratio:.2f}x the budget"
 
 
-def test_a_disconnect_while_queued_costs_nothing(slow: str) -> None:
+def test_a_disconnect_while_queued_costs_nothing(slow: EmulatorProcess) -> None:
     # One slot, held by another tenant: meter's request waits, and its client leaves.
     rate, burst_s = 1.0, 4000.0  # a 4,000-token bucket that barely refills
-    config = _config(slow, rate, burst_s, slots_per_upstream=1, metrics_token=METRICS_TOKEN)
+    config = _config(slow.url, rate, burst_s, slots_per_upstream=1, metrics_token=METRICS_TOKEN)
     with GatewayProcess(config) as gw:
         holder = _Exchange(gw.url, FREE, _body(10, 2000, stream=True))
         try:
@@ -222,13 +221,13 @@ def test_a_disconnect_while_queued_costs_nothing(slow: str) -> None:
 
 
 def test_a_non_streamed_request_left_in_flight_pays_the_output_it_may_have_had(
-    slow: str,
+    slow: EmulatorProcess,
 ) -> None:
     # Nothing of an unstreamed answer is seen until it is whole: the gateway charges the
     # output its TPOT allows in the time an engine had it. At a TPOT of 1 µs that is all
     # of max_tokens within the half second the client waits.
     rate, burst_s = 1.0, 4000.0
-    with GatewayProcess(_config(slow, rate, burst_s, tpot_s=1e-6)) as gw:
+    with GatewayProcess(_config(slow.url, rate, burst_s, tpot_s=1e-6)) as gw:
         sent = _Exchange(gw.url, METER, _body(10, 3000, stream=False), timeout_s=0.5)
         with pytest.raises(TimeoutError):
             sent.response()
@@ -275,9 +274,9 @@ def test_an_engine_dying_mid_stream_charges_what_it_served() -> None:
         assert headers["x-headway-shed-reason"] == "tenant_token_rate"
 
 
-def test_a_ticket_does_not_admit_a_larger_retry(slow: str) -> None:
+def test_a_ticket_does_not_admit_a_larger_retry(slow: EmulatorProcess) -> None:
     rate, burst_s = 500.0, 2.0  # a 1,000-token bucket
-    with GatewayProcess(_config(slow, rate, burst_s)) as gw:
+    with GatewayProcess(_config(slow.url, rate, burst_s)) as gw:
         small = _body(10, 600, stream=True)
         held = _Exchange(gw.url, METER, small)  # stays charged while it streams
         try:

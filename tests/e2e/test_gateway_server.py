@@ -80,14 +80,18 @@ class _Raw:
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         parts = urllib.parse.urlsplit(url)
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+        self.resp: http.client.HTTPResponse | None = None
 
     def send(self, method: str, path: str, body: Any = None, headers: Any = None) -> Any:
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         self.conn.request(method, path, body=data, headers={
             "Content-Type": "application/json", **(headers or {})})  # fmt: skip
-        return self.conn.getresponse()
+        self.resp = self.conn.getresponse()
+        return self.resp
 
     def close(self) -> None:
+        if self.resp is not None:  # its file on the socket outlives a closed connection
+            self.resp.close()
         self.conn.close()
 
 

@@ -88,6 +88,9 @@ def test_plan_writes_plan_and_report_and_report_rerenders(
     )
     assert sim["cluster_source"].startswith(str(c))
     assert sim["knee"]["found"] and sim["cost"]["cost_per_successful_task"] > 0
+    # Issue 16, defect 14: the knee says which load it scaled (sweep's scales the file).
+    knee_line = next(line for line in plan["summary"] if line.startswith("The knee of"))
+    assert "a steady load at the peak's mix, bursts left out" in knee_line, knee_line
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'data-plot="attainment"' in page
     assert f"The plan leads with <b>{plan['answer']['replicas']}</b>" in page
@@ -96,6 +99,11 @@ def test_plan_writes_plan_and_report_and_report_rerenders(
     again = tmp_path / "again.html"
     assert main(["report", str(out / "plan.json"), "--out", str(again)]) == 0
     assert again.read_text(encoding="utf-8") == page  # rendered from the JSON alone
+    # Issue 16, defect 9: an analytic-only plan does not replace the simulated one.
+    before = (out / "plan.json").read_bytes()
+    assert main(["plan", str(w), "--analytic-only", "--out", str(out)]) == 2
+    assert "holds a simulated plan" in capsys.readouterr().err
+    assert (out / "plan.json").read_bytes() == before
 
 
 def test_process_pool_gives_the_same_plan(

@@ -80,3 +80,33 @@ def test_report_has_bad_day_matrix_and_no_network_urls(report: Path) -> None:
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert "one replica lost" in page and "fifo-unbounded" in page
     assert page.count('class="plot"') >= len(PLOTS)
+
+
+def test_no_two_labels_of_a_plot_overlap(report: Path, tmp_path: Path) -> None:
+    """Issue 16, defect 18: "knee" was drawn on "SLO 3 s", "target 95%" on "planned 4"."""
+    seen = open_report(report, tmp_path / "report.png")
+    assert seen.plots, "no plot was read"
+    assert seen.overlaps == [], seen.overlaps
+
+
+UNITS = ("(s)", " s)", "(%", "(×)", "/s", "$", "(tasks", "(calls", "(replicas", "(tokens")
+"""How a column names its unit."""
+DIMENSIONLESS = {"seed", "points", "replicas", "segment", "name", "calls", "policy", "scenario",
+                 "period", "route", "source", "class", "in time", "unit", "limit"}  # fmt: skip
+"""Column names that need no unit: names, labels and counts of the thing they name."""
+
+
+def test_every_table_column_has_a_unit_or_is_dimensionless(report: Path, tmp_path: Path) -> None:
+    """Issue 16, defect 17: "goodput" and "KV max" had no unit. A column names its unit
+    ("TTFT p99 (s)", "calls/s", "$ per ..."), or is a name or a count by its name; in a
+    table whose first column is "figure", each row names its own unit."""
+    seen = open_report(report, tmp_path / "report.png")
+    assert len(seen.tables) >= 8, seen.tables
+    missing = []
+    for t in seen.tables:
+        columns = t["columns"]
+        if columns and columns[0] == "figure":
+            continue
+        missing += [f"{t['title']}: {c!r}" for c in columns
+                    if c not in DIMENSIONLESS and not any(u in c for u in UNITS)]  # fmt: skip
+    assert missing == [], missing

@@ -74,12 +74,14 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
         # quiet host; this tiny model's ~12 ms CPU step on a shared two-core CI machine moves
         # 20-60% between probes a second apart. Then the refusal must be the designed one
         # (exit 1, each problem named, the profile kept for inspection only), and the rest
-        # of the path is checked with limits this host can meet.
+        # of the path is checked with limits no host fails (a neighbour's load moved the
+        # reference step +859% once on CI; the checks themselves are tested above and in
+        # tests/unit/emulate/test_calibrate_trust.py).
         assert code == 1 and "untrustworthy fit" in captured.err, captured.err
         assert "do not plan with it" in captured.err
         assert read_profile(out).fit.problems, "exit 1 without a problem in the profile"
         assert not (tmp_path / "profile.cluster.yaml").exists()
-        code = main([*args, "--max-drift", "5", "--max-ci-impact", "5"])
+        code = main([*args, "--max-drift", "100", "--max-ci-impact", "100"])
         captured = capsys.readouterr()
     assert code == 0, captured.err
     profile = read_profile(out)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from headway.core.errors import ConfigError
+from headway.files.output import output_folder
+from headway.verbs import VERBS
 
 _EPILOG = (
     "Exit codes: 0 the run kept its budgets; 1 lateness p99 or achieved rate outside the "
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``bench``."""
     p = subparsers.add_parser(
         "bench",
-        help="open-loop load test of an OpenAI-compatible endpoint: goodput, tails, knee",
+        help=VERBS["bench"].help,
         description="Send a workload (or replay a trace) open-loop to an OpenAI-compatible "
         "endpoint; measure lateness, latencies from the scheduled time, SLO attainment and "
         "goodput; --sweep finds the knee.",
@@ -71,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w.add_argument("--sweep", action="store_true", help="search the knee (as sweep/plan do)")
     w.add_argument("--sweep-tolerance", type=float, default=0.05, help="relative width")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--out", type=Path, default=None, help="folder for json, html, records")
+    p.add_argument("--out", type=output_folder, default=None, help="folder for json, html, records")
     p.set_defaults(handler=_bench)
 
 
@@ -246,6 +247,8 @@ def _tokens_line(t: Any) -> str:
 
 
 def _text(r: Any) -> str:
+    from headway.core.metrics import task_deadline_text
+
     p, lat, slo, cost = r.pacing, r.latencies, r.slo, r.cost
     lines = [
         f"{r.workload} → {r.target} ({r.model}, {r.endpoint}), load ×{r.load_factor:g}",
@@ -258,7 +261,8 @@ def _text(r: Any) -> str:
         f"{_ms(lat.tpot.p50_s)} p99 {_ms(lat.tpot.p99_s)}; e2e p50 {_ms(lat.e2e.p50_s)} "
         f"p99 {_ms(lat.e2e.p99_s)} (from scheduled times)",
         f"  SLO attainment {slo.attainment:.1%} (target {slo.target:.0%}), goodput "
-        f"{slo.goodput_per_s:.2f}/s; tasks within deadline {slo.task_attainment:.1%}",
+        f"{slo.goodput_per_s:.2f}/s; "
+        f"{task_deadline_text(slo.task_attainment, slo.task_deadlines_declared)}",
         f"  outcomes {r.outcomes.by_error}; HTTP {r.outcomes.by_status}",
         _tokens_line(r.tokens),
         f"  generator: {cost.workers} worker(s), {cost.loop}, "

@@ -10,6 +10,7 @@ import html
 import math
 from typing import Any
 
+from headway.core.metrics import task_deadline_text
 from headway.report.tables import fmt
 
 _CSS = """
@@ -186,6 +187,7 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
         "seconds since start (by scheduled time)",
         "seconds",
     )
+    deadlines = task_deadline_text(slo["task_attainment"], slo.get("task_deadlines_declared", True))
     body = (
         f"<h1>bench: {html.escape(result['workload'])}</h1>"
         f"<p class='muted'>{html.escape(result['target'])} · model "
@@ -195,7 +197,7 @@ def render_run(result: dict[str, Any], series: dict[str, list[float]]) -> str:
         f"<h2>Pacing</h2>{pace}{rate_svg}"
         f"<h2>Latencies</h2>{latencies}{ttft_svg}"
         f"<h2>SLO by class</h2>{classes}"
-        f"<p>tasks within deadline: {slo['task_attainment']:.1%} "
+        f"<p>{deadlines} "
         f"(verified goodput {fmt(slo['verified_goodput_per_s'])}/s)</p>"
         f"<h2>Outcomes</h2>{_table(['outcome', 'calls'], out_rows)}"
         f"<h2>The generator</h2>{_table(['', 'value'], cost_rows)}"

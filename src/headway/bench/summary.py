@@ -15,7 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from headway.bench.records import ERRORS, OK, CallRecords
-from headway.core.metrics import LatencySummary, meets_slo, summarize, tpot_s
+from headway.core.metrics import (
+    LatencySummary,
+    meets_slo,
+    summarize,
+    task_deadlines_s,
+    tpot_s,
+)
 from headway.core.workload.compile import CompiledWorkload
 
 SCHEMA = "headway.bench/1"
@@ -82,6 +88,8 @@ class Slo(msgspec.Struct, frozen=True, kw_only=True):
     tasks_met_deadline: int
     task_attainment: float
     verified_goodput_per_s: float
+    task_deadlines_declared: bool = True
+    """Whether any class declares ``task_deadline_s`` (see the simulator's ``Slo``)."""
 
 
 class ClassGroup(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,13 +289,8 @@ def summarize_run(
     np.logical_and.at(task_ok, w.call_task, done)
     task_end = np.full(w.num_tasks, -np.inf)
     np.maximum.at(task_end, w.call_task, np.where(np.isfinite(r.end_s), r.end_s, np.inf))
-    deadlines = np.array(
-        [
-            math.inf if w.spec.classes[c].slo.task_deadline_s is None
-            else w.spec.classes[c].slo.task_deadline_s
-            for c in w.class_names
-        ]
-    )[w.task_class]  # fmt: skip
+    deadline_by_class = [w.spec.classes[c].slo.task_deadline_s for c in w.class_names]
+    deadlines = task_deadlines_s(deadline_by_class, w.task_class)
     task_met = task_ok & (task_end - w.task_arrival_s <= deadlines)
     call_class = w.task_class[w.call_task]
     groups = []
@@ -337,6 +340,7 @@ def summarize_run(
             tasks_met_deadline=int(task_met.sum()),
             task_attainment=float(task_met.sum()) / w.num_tasks if w.num_tasks else 0.0,
             verified_goodput_per_s=float(task_met.sum()) / window,
+            task_deadlines_declared=any(d is not None for d in deadline_by_class),
         ),
         by_class=groups,
         tokens=tokens,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,11 +25,13 @@ import msgspec
 from headway.calibrate.plan import DEFAULT_PLAN, ProbePlan, ProbeShape
 from headway.calibrate.trust import DEFAULT_LIMITS, TrustLimits
 from headway.core.errors import ConfigError
+from headway.files.output import output_file
+from headway.verbs import VERBS
 
 if TYPE_CHECKING:
     from headway.calibrate.profile import Profile
 
-__all__ = ["check_writable", "plan_from_args", "register"]
+__all__ = ["plan_from_args", "register"]
 
 _POOR_FIT = 0.1
 """An rms relative error above this gets a warning."""
@@ -40,14 +41,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``calibrate``."""
     p = subparsers.add_parser(
         "calibrate",
-        help="probe an OpenAI-compatible endpoint and fit a step-time profile",
+        help=VERBS["calibrate"].help,
         description="Send designed request shapes to an endpoint, time its token streams and "
         "fit the step-time model that `simulate` (cluster `profile:`) and "
         "`emulate --profile` use.",
     )
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--out", type=Path, required=True, help="the profile file to write (JSON)")
-    p.add_argument("--cluster-out", type=Path, default=None,
+    p.add_argument(
+        "--out", type=output_file, required=True, help="the profile file to write (JSON)"
+    )
+    p.add_argument("--cluster-out", type=output_file, default=None,
                    help="the cluster file to write, naming the profile and holding "
                    "the engine's settings (default: PROFILE.cluster.yaml)")  # fmt: skip
     p.add_argument("--model", default=None, help="model name (default: the first listed)")
@@ -133,30 +136,6 @@ def _limits(args: argparse.Namespace) -> TrustLimits:
         raise ConfigError(str(error)) from None
 
 
-def check_writable(path: Path, flag: str = "--out") -> None:
-    """Raise :class:`ConfigError` unless a file can be written at ``path`` (its folders may
-    be missing): checked before the probes run, so minutes of results are not lost."""
-    if path.is_dir():
-        raise ConfigError(
-            f"{flag} {path} is a folder; name the file to write, e.g. {path / 'profile.json'}",
-            path=flag,
-        )
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        if not folder.is_dir():
-            raise NotADirectoryError(f"{folder} is not a folder")
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        reason = error.strerror or str(error)
-        raise ConfigError(
-            f"{flag} {path}: cannot write there ({reason}); choose a writable path",
-            path=flag,
-        ) from None
-
-
 def _calibrate(args: argparse.Namespace) -> int:
     from headway.bench.benchmark import discover_model
     from headway.bench.payloads import parse_target
@@ -169,9 +148,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     limits = _limits(args)
     if args.time_scale is not None and not args.time_scale > 0:
         raise ConfigError(f"--time-scale must be > 0 (got {args.time_scale})", path="--time-scale")
-    check_writable(args.out)
     cluster_out = args.cluster_out or args.out.with_suffix(".cluster.yaml")
-    check_writable(cluster_out, "--cluster-out")
     # As bench does: a bad URL or a server that is not up is one line and exit code 2.
     discover_model(parse_target(args.target), api_key=None)
     started = time.perf_counter()

@@ -13,6 +13,14 @@ Overload outcomes (shed, cancelled, timed out) are values, never exceptions.
 
 from __future__ import annotations
 
+import difflib
+import re
+from typing import Any
+
+from headway.core.struct_paths import fields_at
+
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>.+)`", re.S)
+
 
 class HeadwayError(Exception):
     """Base class of every error headway raises on purpose."""
@@ -43,13 +51,33 @@ class InvalidTransition(HeadwayError):
     """A request lifecycle transition that the lifecycle table does not allow."""
 
 
-def config_error(error: Exception, source: str, *, hint: str = "") -> ConfigError:
+def config_error(
+    error: Exception,
+    source: str,
+    *,
+    hint: str = "",
+    root: Any = None,
+    data: Any = None,
+    docs: str = "",
+) -> ConfigError:
     """A msgspec validation or decode error as a :class:`ConfigError` that names the key
-    path: ``SOURCE: $.key.path: message`` (msgspec says ``message - at `$.key.path```)."""
+    path: ``SOURCE: $.key.path: message`` (msgspec says ``message - at `$.key.path```).
+    Given the file's ``root`` type and its ``data``, an unknown key is named at its own
+    path with the closest key that section accepts ("did you mean") and ``docs``."""
     message, path = str(error), "$"
     if " - at `" in message:
         message, _, rest = message.partition(" - at `")
         path = rest.rstrip("`")
+    unknown = _UNKNOWN.fullmatch(message)
+    if unknown and root is not None:
+        key = unknown.group("key")
+        close = difflib.get_close_matches(key, sorted(fields_at(root, path, data) or ()), n=1,
+                                          cutoff=0.5)  # fmt: skip
+        message = f"unknown key `{key}`"
+        path = f"{path}.{key}" if path != "$" else f"$.{key}"
+        hint = (f"; did you mean `{close[0]}`?" if close else "") + hint
+    if docs and not hint.endswith(docs):
+        hint += f" (see {docs})"
     # A key or value from the file may hold line breaks or control characters: the
     # message stays one line (they are shown escaped).
     message, path = _one_line(message), _one_line(path)

@@ -10,6 +10,7 @@ per second.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -148,3 +149,20 @@ def little_check(
     lam = float(done.sum()) / span if span > 0 else math.nan
     w = float((leave_s[done] - enter_s[done]).mean()) if done.any() else 0.0
     return LittleCheck(boundary, mean_l, lam, w)
+
+
+def task_deadlines_s(
+    deadline_by_class: Sequence[float | None], task_class: npt.NDArray[np.int64]
+) -> FloatArray:
+    """Each task's deadline in seconds from its arrival (infinite where its class
+    declares none: such a task is within its deadline once it completes)."""
+    per_class = np.array([math.inf if d is None else d for d in deadline_by_class], dtype=float)
+    return per_class[task_class] if per_class.size else np.full(task_class.size, math.inf)
+
+
+def task_deadline_text(task_attainment: float, declared: bool) -> str:
+    """How a summary line reports tasks within their deadline: a share of 100% when no
+    class declares a deadline says nothing, so it says that instead."""
+    if not declared:
+        return "tasks within deadline: no task deadline declared"
+    return f"tasks within deadline {task_attainment:.1%}"

@@ -16,12 +16,16 @@ import math
 import os
 import sys
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from headway.core.errors import ConfigError
+from headway.files.output import output_folder
+from headway.reachable import connect_error
+from headway.verbs import VERBS
 
 SCHEMA = "headway.drills/1"
 
@@ -30,8 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``drill``."""
     p = subparsers.add_parser(
         "drill",
-        help="run fault drills (kill engines, corrupt fingerprints, Redis outage, ...) "
-        "against gateway + engines and judge the designed outcome",
+        help=VERBS["drill"].help,
         description="Each drill offers a load, injects faults on a timeline and checks the "
         "designed outcome (reject, retry, drain or rollback) from the clients' view and the "
         "gateways' and engines' metrics. Exit 1 when a drill fails.",
@@ -48,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the gateways' metrics_token, to read their /metrics")  # fmt: skip
     p.add_argument("--hooks", default=None, metavar="FILE",
                    help="YAML: fault action -> shell command, for --target")  # fmt: skip
-    p.add_argument("--out", type=Path, default=Path("drills-out"), help="output directory")
+    p.add_argument("--out", type=output_folder, default=Path("drills-out"), help="output directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the clients' random streams")
     p.add_argument("--duration-s", type=float, default=None,
                    help="override each drill's load duration (e.g. a long soak)")  # fmt: skip
@@ -109,6 +112,8 @@ def _drill(args: argparse.Namespace) -> int:
     hooks = read_hooks(args.hooks) if args.hooks else {}
     if (args.engine or args.hooks or args.api_key) and not args.target:
         raise ConfigError("--engine, --hooks and --api-key go with --target URL", path="target")
+    for url in args.target:
+        _check_reachable(url)
     args.out.mkdir(parents=True, exist_ok=True)
     target = ", ".join(args.target) if args.target else "a local stack (gateway + emulators)"
     data: dict[str, Any] = {
@@ -169,6 +174,28 @@ def _drill(args: argparse.Namespace) -> int:
         with contextlib.suppress(BrokenPipeError):
             sys.stdout.write(msgspec.json.encode(data).decode() + "\n")
     return 1 if any(s in ("failed", "error") for s in statuses) else 0
+
+
+def _check_reachable(url: str) -> None:
+    """A ``--target`` that answers nothing is a usage error before any drill runs: each
+    drill would otherwise be skipped or fail on its own, and the run look like a result.
+    Any HTTP answer (even 401 or 404) counts as reachable."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"--target {url!r} is not an http(s) URL; use e.g. http://127.0.0.1:8080",
+            path="--target",
+        )
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as error:  # a port out of range
+        raise ConfigError(f"--target {url!r}: {error}", path="--target") from None
+    reason = connect_error(parts.hostname, port)
+    if reason is not None:
+        raise ConfigError(
+            f"--target {url}: cannot connect ({reason}); start the gateway there or fix the URL",
+            path="--target",
+        ) from None
 
 
 def _print(console: Any, result: Any) -> None:

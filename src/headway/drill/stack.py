@@ -26,6 +26,7 @@ from headway.drill.spec import ACTIONS, Fault, StackSpec
 from headway.emulate.process import EmulatorProcess
 from headway.files.workload import read_yaml
 from headway.gateway.process import GatewayProcess
+from headway.loopback import free_port
 from headway.redis_process import RedisServer, find_redis_server
 
 __all__ = ["ADMIN_TOKEN", "LocalStack", "RemoteStack", "Stack", "Unsupported", "read_hooks"]
@@ -163,7 +164,8 @@ class LocalStack:
                 self.redis.start()
             for _ in range(self.spec.upstreams):
                 args = self._engine_args()
-                engine = EmulatorProcess(args)
+                # A port outside the ephemeral range: a restart gets it back (loopback.py).
+                engine = EmulatorProcess([*args, "--port", str(free_port())])
                 self.engine_urls.append(engine.start())
                 self.engines.append(engine)
                 self.engine_args.append(args)

@@ -27,8 +27,9 @@ from headway.core.errors import ConfigError
 from headway.data import load_efficiency_table
 from headway.emulate.faults import FaultState, FaultUpdate, ScaledStepTime, parse_fault_flag
 from headway.files.workload import read_yaml
+from headway.flag_types import port_number, positive_int
 from headway.sim.cluster import ClusterSpec, build_replica, parse_cluster, step_time_model
-from headway.tcp_port import port_number
+from headway.verbs import VERBS
 
 if TYPE_CHECKING:
     from headway.emulate.server import EmulatorServer
@@ -41,13 +42,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``emulate``."""
     p = subparsers.add_parser(
         "emulate",
-        help="serve an OpenAI-compatible engine emulator (no GPU): the simulator's engine model",
+        help=VERBS["emulate"].help,
         description="An OpenAI-compatible server whose engine is headway's replica model, "
         "advanced on the wall clock. Prints its URL, serves until SIGINT/SIGTERM.",
     )
     p.add_argument("--model", default=None, help="catalog model (default llama-3-8b)")
     p.add_argument("--gpu", default=None, help="catalog GPU (default h100)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel GPUs (default 1)")
+    p.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel GPUs (default 1)")
     p.add_argument("--cluster", type=Path, default=None, help="a cluster file (one replica)")
     p.add_argument("--profile", type=Path, default=None, help="a profile from `calibrate`")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -57,13 +58,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--served-model-name", action="append", default=[],
                    help="name clients use in `model` (repeatable; default the model)")  # fmt: skip
     p.add_argument("--revision", default="r1", help="model revision: sets the output tokens")
-    p.add_argument("--default-max-tokens", type=int, default=128,
+    p.add_argument("--default-max-tokens", type=positive_int, default=128,
                    help="mean output length without max_tokens (default 128)")  # fmt: skip
-    p.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="engine max_num_seqs")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="engine max_num_batched_tokens")  # fmt: skip
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument(
+        "--num-kv-blocks", type=positive_int, default=None, help="KV pool size in blocks"
+    )
+    p.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output accepted (default: the model's context "
                    "length, at most the KV pool), as vLLM's --max-model-len")  # fmt: skip
     p.add_argument("--prefix-caching", action="store_true",
@@ -79,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="a request's headers must arrive in this (408; default 10)")  # fmt: skip
     p.add_argument("--body-timeout-s", type=float, default=30.0,
                    help="its body within this after them (408; default 30)")  # fmt: skip
-    p.add_argument("--max-connections", type=int, default=1000,
+    p.add_argument("--max-connections", type=positive_int, default=1000,
                    help="open client connections; one more gets 503 (default 1000)")  # fmt: skip
     p.set_defaults(handler=_emulate)
 
@@ -131,22 +134,15 @@ def build_server(args: argparse.Namespace) -> tuple[EmulatorServer, list[FaultUp
 
     if not (args.speedup > 0):
         raise ConfigError(f"--speedup must be > 0 (got {args.speedup})", path="--speedup")
-    if args.default_max_tokens < 1:
-        raise ConfigError(
-            f"--default-max-tokens must be >= 1 (got {args.default_max_tokens})",
-            path="--default-max-tokens",
-        )
-    if args.max_model_len is not None and args.max_model_len < 1:
-        raise ConfigError(
-            f"--max-model-len must be >= 1 (got {args.max_model_len}); omit it for the "
-            "model's context length",
-            path="--max-model-len",
-        )
     spec = cluster_for(args)
     faults = FaultState()
     updates = [parse_fault_flag(text) for text in args.fault]
-    step_time = step_time_model(spec, load_efficiency_table())
-    replica = build_replica(spec, ScaledStepTime(step_time, faults))
+    try:  # what only the engine model can judge (heads per GPU, a pool that fits)
+        step_time = step_time_model(spec, load_efficiency_table())
+        replica = build_replica(spec, ScaledStepTime(step_time, faults))
+    except ValueError as error:
+        source = "--cluster" if args.cluster is not None else "--model/--gpu/--tp/--num-kv-blocks"
+        raise ConfigError(f"{source}: {error}", path=source) from None
     model = get_model(spec.model)
     settings = EmulatorSettings(
         served_model_names=served_names(spec.model, args.served_model_name),
@@ -162,10 +158,6 @@ def build_server(args: argparse.Namespace) -> tuple[EmulatorServer, list[FaultUp
                         ("--body-timeout-s", args.body_timeout_s)):  # fmt: skip
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{flag} must be a number of seconds > 0 (got {value})", path=flag)
-    if args.max_connections < 1:
-        raise ConfigError(
-            f"--max-connections must be >= 1 (got {args.max_connections})", path="--max-connections"
-        )
     limits = BoundaryLimits(
         header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
         max_connections=args.max_connections, max_body_bytes=MAX_BODY_BYTES,

@@ -13,12 +13,13 @@ from headway.core.workload.compile import compile_workload
 from headway.core.workload.validate import unbounded_classes
 from headway.files.reference import workload_json_schema
 from headway.files.workload import load_workload
+from headway.verbs import VERBS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``workload`` verb and its sub-verbs."""
     parser = subparsers.add_parser(
-        "workload", help="check workload files", description="Work with workload files."
+        "workload", help=VERBS["workload"].help, description="Work with workload files."
     )
     verbs = parser.add_subparsers(dest="workload_verb", metavar="SUBVERB", required=True)
     check = verbs.add_parser(

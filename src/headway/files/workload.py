@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 
 from headway.core.errors import WorkloadError
+from headway.core.struct_paths import fields_at
 from headway.core.trace_data import TraceData
 from headway.core.workload import spec as spec_types
 from headway.core.workload.spec import (
@@ -54,50 +55,6 @@ _MISSING = re.compile(r"Object missing required field `(?P<key>[^`]+)`")
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]+)`)?$", re.S)
 
 
-def _fields_at(path: str, data: Any) -> set[str] | None:
-    """The field names of the struct found at ``path`` in ``data``, following the types."""
-    if data is None:
-        return None
-    node_type: Any = msgspec.inspect.type_info(WorkloadSpec)
-    node: Any = data
-    parts = re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[1:])
-    for key, index in [*parts, ("", "")]:
-        node_type = _pick_struct(node_type, node)
-        if not key and not index:
-            break
-        if isinstance(node_type, msgspec.inspect.StructType) and key:
-            fields = {f.encode_name: f.type for f in node_type.fields}
-            if key not in fields:
-                return None
-            node_type, node = fields[key], node.get(key) if isinstance(node, dict) else None
-        elif isinstance(node_type, msgspec.inspect.DictType) and key:
-            node_type, node = (
-                node_type.value_type,
-                node.get(key) if isinstance(node, dict) else None,
-            )
-        elif isinstance(node_type, msgspec.inspect.ListType) and index:
-            i = int(index)
-            node_type = node_type.item_type
-            node = node[i] if isinstance(node, list) and i < len(node) else None
-        else:
-            return None
-    if isinstance(node_type, msgspec.inspect.StructType):
-        return {f.encode_name for f in node_type.fields}
-    return None
-
-
-def _pick_struct(node_type: Any, node: Any) -> Any:
-    """Resolve a union (``X | None`` or a tagged union) against the data found there."""
-    if not isinstance(node_type, msgspec.inspect.UnionType):
-        return node_type
-    structs = [t for t in node_type.types if isinstance(t, msgspec.inspect.StructType)]
-    for struct in structs:
-        tag_field = struct.tag_field
-        if tag_field is None or (isinstance(node, dict) and node.get(tag_field) == struct.tag):
-            return struct
-    return node_type
-
-
 def explain_validation_error(
     error: msgspec.ValidationError, source: str, data: Any = None
 ) -> WorkloadError:
@@ -109,7 +66,7 @@ def explain_validation_error(
     unknown = _UNKNOWN.search(message)
     if unknown:
         key = unknown.group("key")
-        known = _fields_at(path, data) or _all_field_names()
+        known = fields_at(WorkloadSpec, path, data) or _all_field_names()
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.5)
         message = f"unknown key `{key}`"
         hint = f"did you mean `{close[0]}`? " if close else ""

@@ -15,14 +15,15 @@ import signal
 import sys
 from pathlib import Path
 
-from headway.tcp_port import port_number
+from headway.flag_types import port_number
+from headway.verbs import VERBS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``gateway``."""
     p = subparsers.add_parser(
         "gateway",
-        help="serve an admission-control gateway in front of OpenAI-compatible engines",
+        help=VERBS["gateway"].help,
         description="An OpenAI-compatible gateway that applies headway's admission, queue, "
         "fairness, routing and retry policies in front of engines. Prints its URL, serves "
         "until SIGINT/SIGTERM.",

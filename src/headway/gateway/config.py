@@ -399,10 +399,18 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 def parse_config(data: object, source: str = "gateway config") -> GatewayFileConfig:
     """Decode a parsed YAML/JSON document; a ConfigError names the key path and fix."""
+    if data is None:
+        raise ConfigError(
+            f"{source}: $: the file is empty; a gateway config needs at least `upstreams: "
+            "[{url: http://HOST:PORT}]` (see docs/gateway.md)",
+            path="$",
+        )
     try:
         config = msgspec.convert(data, GatewayFileConfig, strict=False)
     except msgspec.ValidationError as error:
-        raise config_error(error, source) from None
+        raise config_error(
+            error, source, root=GatewayFileConfig, data=data, docs="docs/gateway.md"
+        ) from None
     for key, tenant in config.tenants.items():
         if tenant.max_priority not in BANDS:  # pragma: no cover - the Literal checks it
             raise ConfigError(f"{source}: tenants.{key}.max_priority {tenant.max_priority!r}")

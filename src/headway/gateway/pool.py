@@ -319,7 +319,8 @@ def parse_pool_config(data: object, source: str = "<pool>") -> PoolConfig:
     try:
         return msgspec.convert(data, PoolConfig)
     except msgspec.ValidationError as error:
-        raise config_error(error, source) from None
+        raise config_error(error, source, root=PoolConfig, data=data,
+                           docs="docs/gateway.md") from None  # fmt: skip
 
 
 class Upstream:

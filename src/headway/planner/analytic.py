@@ -467,7 +467,7 @@ def _knee(spec: WorkloadSpec) -> list[KneeTable]:
     tables = []
     targets = [(n, r.requests_per_s, r.servers) for n, r in spec.routes.items() if r.requests_per_s]
     if not targets:
-        targets = [("normalised (capacity 1/s)", 1.0, 1)]
+        targets = [("normalised server", 1.0, 1)]
     for name, capacity, servers in targets:
         assert capacity is not None  # filtered above
         rows = []

@@ -11,25 +11,21 @@ Ctrl-C stops the stage in flight; what finished is still written (exit code 130)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 from types import TracebackType
-
-import msgspec
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING
 
 from headway.core.errors import ConfigError
-from headway.core.workload.validate import require_latency_slo
-from headway.files.output import write_text_atomic
-from headway.files.workload import load_workload, read_yaml
-from headway.planner.executors import PointExecutor, make_executor
-from headway.planner.plan import ClusterChoice, build_plan, default_cluster
-from headway.planner.render import plan_to_builtins, plan_to_json, render_plan_terminal
-from headway.planner.simulated import PlanSettings
-from headway.report.html import render_plan_html
-from headway.sim.cluster import parse_cluster, with_profile
+from headway.files.output import output_folder
+from headway.planner import STEADY_POINT_DURATION_S
+from headway.verbs import VERBS
+
+if TYPE_CHECKING:  # the verb's machinery (scipy, the simulator) loads when it runs
+    from headway.planner.executors import PointExecutor
+    from headway.planner.plan import ClusterChoice
 
 INTERRUPTED_EXIT = 130
 
@@ -38,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``plan`` verb."""
     parser = subparsers.add_parser(
         "plan",
-        help="how many replicas, where is the knee, what does a burst do",
+        help=VERBS["plan"].help,
         description="Plan capacity for a workload: the analytic plan, then simulated "
         "replica search, knee, bursts and cost; plan.json and report.html.",
     )
@@ -56,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a step-time profile from `headway calibrate` (replaces the cluster's model)",
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="folder for plan.json and report.html"
+        "--out", type=output_folder, default=None, help="folder for plan.json and report.html"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
@@ -78,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--point-duration-s",
         type=float,
-        default=PlanSettings().steady_duration_s,
+        default=STEADY_POINT_DURATION_S,
         help="simulated seconds of each steady sweep point (default %(default)g)",
     )
     parser.add_argument(
@@ -89,6 +85,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def choose_cluster(path: Path | None, spec_default: ClusterChoice) -> ClusterChoice:
     """The cluster file, or the workload's default cluster."""
+    from headway.files.workload import read_yaml
+    from headway.planner.plan import ClusterChoice
+    from headway.sim.cluster import parse_cluster
+
     if path is None:
         return spec_default
     cluster = parse_cluster(read_yaml(path), str(path))
@@ -102,6 +102,15 @@ class _Bars:
     """Rich progress bars on stderr, one per stage."""
 
     def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -125,6 +134,8 @@ class _Bars:
         tb: TracebackType | None,
     ) -> None:
         self._finish()
+        if kind is not None:  # the bars vanish: the error's one line stands alone
+            self._progress.live.transient = True
         self._progress.stop()
 
     def _finish(self) -> None:
@@ -146,7 +157,34 @@ class _Bars:
         self._progress.update(task.id, advance=points, total=total)
 
 
+def _keep_simulated_plan(out: Path) -> None:
+    """Refuse to replace a simulated plan (minutes of CPU) with an analytic-only one."""
+    try:
+        previous = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # none there, or not a plan: nothing to keep
+    if isinstance(previous, dict) and previous.get("simulated") is not None:
+        raise ConfigError(
+            f"--out {out} holds a simulated plan (plan.json, report.html) that an "
+            "--analytic-only plan would replace; choose another --out or remove it first",
+            path="--out",
+        )
+
+
 def _plan(args: argparse.Namespace) -> int:
+    import msgspec
+    from rich.console import Console
+
+    from headway.core.workload.validate import require_latency_slo
+    from headway.files.output import write_text_atomic
+    from headway.files.workload import load_workload
+    from headway.planner.executors import make_executor
+    from headway.planner.plan import ClusterChoice, build_plan, default_cluster
+    from headway.planner.render import plan_to_builtins, plan_to_json, render_plan_terminal
+    from headway.planner.simulated import PlanSettings
+    from headway.report.html import render_plan_html
+    from headway.sim.cluster import with_profile
+
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1 (got {args.seeds}); 3 gives an interval")
     if not args.point_duration_s > 0:
@@ -159,6 +197,11 @@ def _plan(args: argparse.Namespace) -> int:
         spec = msgspec.structs.replace(spec, seed=args.seed)
     if not args.analytic_only:  # before the progress bars start (build_plan checks too)
         require_latency_slo(spec, "the plan's replica search")
+    out: Path | None = args.out
+    if out is None and not args.json:
+        out = Path("headway-out") / spec.name
+    if args.analytic_only and out is not None:
+        _keep_simulated_plan(out)
     choice = choose_cluster(args.cluster, default_cluster(spec))
     if args.profile is not None and choice.spec is not None:
         choice = ClusterChoice(
@@ -186,9 +229,6 @@ def _plan(args: argparse.Namespace) -> int:
         finally:
             if executor is not None:
                 executor.close()
-    out: Path | None = args.out
-    if out is None and not args.json:
-        out = Path("headway-out") / spec.name
     if out is not None:
         write_text_atomic(out / "plan.json", plan_to_json(plan))
         write_text_atomic(out / "report.html", render_plan_html(plan_to_builtins(plan)))

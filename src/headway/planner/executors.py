@@ -14,6 +14,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from headway.core.errors import ConfigError
+from headway.reachable import connect_error
 
 T = TypeVar("T")
 
@@ -68,6 +69,28 @@ class LocalExecutor:
             self._pool = None
 
 
+def _check_ray_address(address: str) -> None:
+    """``ray.init`` retries an address nothing answers for minutes (with log lines naming
+    other addresses): one line and exit code 2 instead. ``auto`` and ``local`` pass."""
+    text = address.removeprefix("ray://")
+    host, sep, port_text = text.rpartition(":")
+    if address in ("auto", "local") or not sep:
+        return
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(
+            f"--ray-address {address!r}: the port is not a number from 1 to 65535; use "
+            "HOST:PORT (the head's GCS port, 6379 by default) or ray://HOST:10001",
+            path="--ray-address",
+        )
+    reason = connect_error(host.strip("[]") or "127.0.0.1", int(port_text))
+    if reason is not None:
+        raise ConfigError(
+            f"--ray-address {address}: cannot connect ({reason}); start the Ray head there "
+            "(`ray start --head`) or omit --ray-address for a local Ray",
+            path="--ray-address",
+        )
+
+
 class RayExecutor:
     """Ray tasks on the cluster at ``address`` (None: start a local Ray instance)."""
 
@@ -88,6 +111,7 @@ class RayExecutor:
                 "configure_logging": False,
             }
             if address is not None:
+                _check_ray_address(address)
                 kwargs["address"] = address
             elif workers is not None:
                 kwargs["num_cpus"] = workers

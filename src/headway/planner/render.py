@@ -55,37 +55,40 @@ def _period_table(periods: list[Period]) -> Table:
     return table
 
 
+_ROUTE_COLUMNS: tuple[str, ...] = (
+    "period", "route", "calls/s", "out tok/s", "replicas", "+failover", "limit", "util.",
+    "M/M/1 mean", "M/M/1 p95",
+)  # fmt: skip
+
+
 def _route_table(periods: list[Period]) -> Table:
-    table = Table(title="Routes", title_justify="left", show_edge=False)
-    for col in (
-        "period",
-        "route",
-        "calls/s",
-        "out tok/s",
-        "replicas",
-        "+failover",
-        "limit",
-        "util.",
-        "M/M/1 mean",
-        "M/M/1 p95",
-    ):
-        table.add_column(col, justify="left" if col in ("period", "route", "limit") else "right")
+    """Routes per period. A column no route has a figure for (the queueing columns of a
+    workload that declares no service rate) is left out, and no header is ever cut: a
+    narrow terminal or a pipe (80 columns) wraps the values instead."""
+    rows = []
     for p in periods:
         for r in p.routes:
             q = r.queueing[0] if r.queueing else None
             s = r.sizing
-            table.add_row(
-                p.name,
-                r.route,
-                _fmt(r.calls_per_s),
-                _fmt(r.output_tokens_per_s),
-                str(s.replicas) if s else "—",
-                str(s.replicas_with_failover) if s else "—",
-                s.limiting_phase if s else "—",
-                _fmt(q.utilization) if q else "—",
-                _fmt(q.mean_s, " s") if q else "—",
-                _fmt(q.p95_s, " s") if q else "—",
-            )
+            rows.append((
+                p.name, r.route, _fmt(r.calls_per_s), _fmt(r.output_tokens_per_s),
+                str(s.replicas) if s else "—", str(s.replicas_with_failover) if s else "—",
+                s.limiting_phase if s else "—", _fmt(q.utilization) if q else "—",
+                _fmt(q.mean_s, " s") if q else "—", _fmt(q.p95_s, " s") if q else "—",
+            ))  # fmt: skip
+    kept = [i for i, _ in enumerate(_ROUTE_COLUMNS) if any(row[i] != "—" for row in rows)]
+    table = Table(title="Routes", title_justify="left", show_edge=False)
+    for i in kept:
+        col = _ROUTE_COLUMNS[i]
+        widest_word = max(len(word) for word in col.split())
+        table.add_column(
+            col,
+            justify="left" if col in ("period", "route", "limit") else "right",
+            min_width=widest_word,
+            overflow="fold",
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
     return table
 
 
@@ -108,7 +111,7 @@ def render_terminal(plan: AnalyticPlan, console: Console) -> None:
         parts += [Text(""), bursts]
     for table in plan.knee:
         knee = Table(
-            title=f"Utilization knee: {table.route} ({_fmt(table.capacity_per_s)}/s)",
+            title=f"Utilization knee: {table.route} (capacity {_fmt(table.capacity_per_s)}/s)",
             title_justify="left",
             show_edge=False,
         )

@@ -25,6 +25,7 @@ import msgspec
 from headway.core.engine.catalog import get_gpu
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import WorkloadSpec
+from headway.planner import STEADY_POINT_DURATION_S
 from headway.planner.analytic import AnalyticPlan, Episode, fluid_episodes, source_profile
 from headway.planner.demand import peak_rates
 from headway.planner.executors import PointExecutor
@@ -38,7 +39,7 @@ class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     seeds: int = 3
     """Seeds of the knee search (the confidence interval comes from their spread)."""
-    steady_duration_s: float = 180.0
+    steady_duration_s: float = STEADY_POINT_DURATION_S
     """Simulated length of each steady point."""
     knee_tolerance: float = 0.05
     """Relative width at which the knee search stops."""

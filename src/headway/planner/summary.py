@@ -163,7 +163,9 @@ def summarize_plan(
         elif k.found:
             lines.append(
                 f"The knee of {_replicas(k.replicas)} is {k.tasks_per_s:.3g} tasks/s{interval}, "
-                f"{k.load_factor:.2g}× the peak."
+                f"{k.load_factor:.2g}× the peak (a steady load at the peak's mix, bursts "
+                "left out; `headway sweep --search` scales the file as written, bursts "
+                "included)."
             )
         else:
             lines.append(f"{_replicas(k.replicas)} miss the target even at a fraction of the peak.")

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from headway.redis_process import free_port
+from headway.loopback import free_port
 
 __all__ = ["VllmServer", "VllmSettings"]
 

@@ -14,8 +14,9 @@ from typing import Any
 from rich.console import Console
 
 from headway.core.errors import ConfigError
-from headway.files.output import write_text_atomic
+from headway.files.output import output_file, write_text_atomic
 from headway.report.html import render_plan_html
+from headway.verbs import VERBS
 
 SCHEMAS = ("headway.plan/1", "headway.plan.analytic/1")
 
@@ -24,12 +25,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``report`` verb."""
     parser = subparsers.add_parser(
         "report",
-        help="re-render report.html from a plan.json, without re-running",
+        help=VERBS["report"].help,
         description="Render the self-contained HTML report of a plan.json.",
     )
     parser.add_argument("plan", metavar="PLAN_JSON", type=Path, help="a plan.json file")
     parser.add_argument(
-        "--out", type=Path, default=None, help="the HTML file (default: report.html beside it)"
+        "--out",
+        type=output_file,
+        default=None,
+        help="the HTML file (default: report.html beside it)",
     )
     parser.set_defaults(handler=_report)
 

@@ -88,7 +88,7 @@ def capacity_section(sim: dict[str, Any]) -> str:
             f"tasks/s</b> (95% interval {knee['tasks_per_s_low']:.3g}–"
             f"{knee['tasks_per_s_high']:.3g}), against a peak of {knee['peak_tasks_per_s']:.3g}; "
             f"saturated, the cluster completes {knee['saturation_tasks_per_s']:.3g} tasks/s.</p>"
-            + table(["seed", "knee (met target)", "first miss", "points"], rows)
+            + table(["seed", "knee (tasks/s, met target)", "first miss (tasks/s)", "points"], rows)
         )
     return f"<h2>Capacity at SLO</h2><div class='plots'>{attain}{goodput}</div>{text}"
 
@@ -168,7 +168,7 @@ def replicas_section(sim: dict[str, Any], answer: dict[str, Any] | None = None) 
             fmt(p["sweep"]["goodput_per_s"], "/s"),
             fmt(p["sweep"]["ttft_p99_s"], " s"),
             fmt(p["sweep"]["e2e_p99_s"], " s"),
-            fmt(p["kv_usage_max"]),
+            pct(p["kv_usage_max"]),
         ]
         for p in trials
     ]
@@ -190,7 +190,17 @@ def replicas_section(sim: dict[str, Any], answer: dict[str, Any] | None = None) 
     return (
         "<h2>Replicas for the peak</h2>"
         f"<div class='plots'>{chart}<div>{words}"
-        + table(["replicas", "attainment", "goodput", "TTFT p99", "e2e p99", "KV max"], rows)
+        + table(
+            [
+                "replicas",
+                "attainment (%)",
+                "goodput (calls/s)",
+                "TTFT p99 (s)",
+                "e2e p99 (s)",
+                "KV max (% of blocks)",
+            ],
+            rows,
+        )
         + "</div></div>"
     )
 
@@ -261,14 +271,14 @@ def burst_section(sim: dict[str, Any]) -> str:
     burst_table = (
         table(
             [
-                "burst",
-                "arrivals",
+                "burst (starts at, s)",
+                "arrivals (tasks/s)",
                 "fluid backlog (tasks)",
-                "fluid drain",
-                "fluid backlog at simulated capacity",
-                "fluid drain at simulated capacity",
+                "fluid drain (s)",
+                "fluid backlog at simulated capacity (tasks)",
+                "fluid drain at simulated capacity (s)",
                 "measured backlog (tasks)",
-                "measured drain",
+                "measured drain (s)",
             ],
             rows,
         )
@@ -319,7 +329,7 @@ def tails_section(sim: dict[str, Any]) -> str:
         f"<p class='muted'>The workload as written (bursts included) on {run['replicas']} "
         "replicas.</p>"
         f"<div class='plots'>{charts}</div>"
-        + table(["segment", "name", "calls", "attainment", "TTFT p99", "e2e p99"], rows)
+        + table(["segment", "name", "calls", "attainment (%)", "TTFT p99 (s)", "e2e p99 (s)"], rows)
     )
 
 
@@ -357,8 +367,8 @@ def bad_days_section(bad_days: Any) -> str:
     ]
     return "<h2>Bad days</h2>" + table(
         [
-            "policy", "scenario", "goodput", "attainment", "TTFT p99", "e2e p99", "shed",
-            "amplification", "$ per successful task",
+            "policy", "scenario", "goodput (calls/s)", "attainment (%)", "TTFT p99 (s)",
+            "e2e p99 (s)", "shed (calls)", "amplification (×)", "$ per successful task",
         ],
         rows,
     )  # fmt: skip
@@ -375,6 +385,7 @@ def comparison_section(comparison: list[dict[str, Any]]) -> str:
         rows.append(
             [
                 html.escape(c["figure"]),
+                html.escape(c["unit"]),
                 fmt(c["analytic"]),
                 fmt(c["simulated"]),
                 f"<span class='bad'>{diff}</span>" if c["differs"] else diff,
@@ -390,7 +401,7 @@ def comparison_section(comparison: list[dict[str, Any]]) -> str:
     )
     return (
         "<h2>Analytic and simulated</h2>"
-        + table(["figure", "analytic", "simulated", "difference"], rows)
+        + table(["figure", "unit", "analytic", "simulated", "difference (%)"], rows)
         + why
     )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from headway.report import findings
 from headway.report.svg import PALETTE, Frame, Line, line_chart
-from headway.report.tables import fmt, seconds, share, table
+from headway.report.tables import fmt, pct, seconds, share, table
 
 CSS = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
@@ -29,7 +29,8 @@ border-bottom:1px solid #eceff4}th{background:#f7f8fa}td:first-child,th:first-ch
 .plots{display:flex;flex-wrap:wrap;gap:12px}.warn{background:#fff4e5;border-left:4px solid #f79009;
 padding:.5rem 1rem}
 svg text{font:12px system-ui,sans-serif;fill:#344054}svg .t{font-weight:600;font-size:13px}
-svg .k{fill:#667085;font-size:11px}svg .l{font-size:11.5px}svg .r{font-size:11px}
+svg .k{fill:#667085;font-size:11px}svg .l{font-size:11.5px}
+svg .r{font-size:11px;paint-order:stroke;stroke:#fbfcfe;stroke-width:3px}
 """
 """The reports' stylesheet (the plan report; drills use it too, one look)."""
 
@@ -59,17 +60,20 @@ def _analytic_sections(plan: dict[str, Any]) -> list[str]:
     demand_rows = [
         [label] + [fmt(p[key]) for p in periods]
         for label, key in (
-            ("tasks/s", "tasks_per_s"),
-            ("calls per task", "calls_per_task"),
-            ("calls/s", "calls_per_s"),
-            ("input tokens/s", "input_tokens_per_s"),
-            ("output tokens/s", "output_tokens_per_s"),
+            ("tasks (tasks/s)", "tasks_per_s"),
+            ("calls per task (calls)", "calls_per_task"),
+            ("calls (calls/s)", "calls_per_s"),
+            ("input (tokens/s)", "input_tokens_per_s"),
+            ("output (tokens/s)", "output_tokens_per_s"),
             ("cost per task ($)", "cost_per_task"),
         )
     ]
-    demand_rows.append(["tasks in flight"] + [fmt(p["little"]["tasks_in_flight"]) for p in periods])
+    demand_rows.append(
+        ["tasks in flight (tasks)"] + [fmt(p["little"]["tasks_in_flight"]) for p in periods]
+    )
     sections.append(
-        "<h2>Analytic plan: demand</h2>" + table([""] + [p["name"] for p in periods], demand_rows)
+        "<h2>Analytic plan: demand</h2>"
+        + table(["figure"] + [p["name"] for p in periods], demand_rows)
     )
     route_rows = []
     for p in periods:
@@ -79,7 +83,7 @@ def _analytic_sections(plan: dict[str, Any]) -> list[str]:
                 [
                     fmt(p["name"]), fmt(r["route"]), fmt(r["calls_per_s"]),
                     fmt(r["output_tokens_per_s"]), fmt(s and s["replicas"]),
-                    fmt(s and s["replicas_with_failover"]), fmt(q and q["utilization"]),
+                    fmt(s and s["replicas_with_failover"]), pct(q and q["utilization"]),
                     fmt(q and q["mean_s"], " s"), fmt(q and q["p95_s"], " s"),
                 ]
             )  # fmt: skip
@@ -92,12 +96,13 @@ def _analytic_sections(plan: dict[str, Any]) -> list[str]:
                 "calls/s",
                 "output tok/s",
                 "replicas",
-                "with failover",
-                "utilization",
-                "M/M/1 mean",
-                "M/M/1 p95",
+                "with failover (replicas)",
+                "utilization (%)",
+                "M/M/1 mean (s)",
+                "M/M/1 p95 (s)",
             ],
             route_rows,
+            drop_empty=True,
         )
     )
     if plan["bursts"]:
@@ -112,9 +117,13 @@ def _analytic_sections(plan: dict[str, Any]) -> list[str]:
             ]
             for b in plan["bursts"]
         ]
+        units = {b["unit"] for b in plan["bursts"]}
+        backlog = f"backlog ({units.pop()})" if len(units) == 1 else "backlog (tasks or calls)"
         sections.append(
             "<h2>Analytic plan: bursts (fluid model)</h2>"
-            + table(["source", "starts", "rate", "capacity", "backlog", "drain"], rows)
+            + table(
+                ["source", "starts (s)", "rate (/s)", "capacity (/s)", backlog, "drain (s)"], rows
+            )
         )
     for knee in plan["knee"]:
         rows = [
@@ -130,7 +139,16 @@ def _analytic_sections(plan: dict[str, Any]) -> list[str]:
         sections.append(
             f"<h2>Analytic plan: utilization knee ({html.escape(knee['route'])})</h2>"
             f"<div class='plots'>{_knee_svg(knee)}<div>"
-            + table(["utilization", "arrivals/s", "mean", "p95", "p99"], rows)
+            + table(
+                [
+                    "utilization (%)",
+                    "arrivals/s",
+                    "M/M/1 mean (s)",
+                    "M/M/1 p95 (s)",
+                    "M/M/1 p99 (s)",
+                ],
+                rows,
+            )
             + "</div></div>"
         )
     if plan["autoscaling"]:
@@ -146,7 +164,7 @@ def _analytic_sections(plan: dict[str, Any]) -> list[str]:
         ]  # fmt: skip
         sections.append(
             "<h2>Can autoscaling save a request?</h2>"
-            + table(["class", "deadline", "reaction", "in time"], rows)
+            + table(["class", "deadline (s)", "reaction (s)", "in time"], rows)
         )
     if plan["notes"]:
         items = "".join(f"<li>{html.escape(n)}</li>" for n in plan["notes"])

@@ -149,6 +149,70 @@ def _span(values: list[float], lo: float | None, hi: float | None) -> tuple[floa
     return a, b
 
 
+_RULE_CHAR_PX, _RULE_LINE_PX = 6.4, 13.0
+"""A rule label's width per character and its line height, at 11 px (a little wide: a
+label is placed by its estimate, and an estimate too narrow would let two touch)."""
+
+Box = tuple[float, float, float, float]
+
+
+def _clear(box: Box, placed: list[Box]) -> bool:
+    x0, y0, x1, y1 = box
+    return all(x1 <= a or b <= x0 or y1 <= c or d <= y0 for a, c, b, d in placed)
+
+
+def _rule_marks(
+    frame: Frame, rules: Sequence[Rule], sx: Callable[[float], float], sy: Callable[[float], float]
+) -> list[str]:
+    """The rules' lines and labels, each label where it overlaps no label placed before
+    it: a vertical rule's beside its line at the top (flipped left of the line at the
+    right edge), stepping down a line at a time; a horizontal rule's above its line at
+    the right, else below it, else further left."""
+    left, right = float(_LEFT), float(frame.width - _RIGHT)
+    top, bottom = float(_TOP), float(frame.height - _BOTTOM)
+    placed: list[Box] = []
+    out = []
+    for rule in rules:
+        width = _RULE_CHAR_PX * len(rule.label)
+        if rule.axis == "x":
+            x = sx(rule.value)
+            flip = x + 4 + width > right
+            x0 = x - 4 - width if flip else x + 4
+            baseline = top + 12
+            while not _clear((x0, baseline - 10, x0 + width, baseline + 3), placed):
+                if baseline + _RULE_LINE_PX > bottom:
+                    break
+                baseline += _RULE_LINE_PX
+            anchor = ' text-anchor="end"' if flip else ""
+            tx = x - 4 if flip else x + 4
+            line = (
+                f'<line x1="{x:.1f}" y1="{top:.0f}" x2="{x:.1f}" y2="{bottom:.0f}" '
+                f'stroke="{rule.color}" stroke-width="1.5" stroke-dasharray="4 3"/>'
+            )
+        else:
+            y = sy(rule.value)
+            x0, baseline = right - 4 - width, y - 4
+            for candidate in (y - 4, y + 13):
+                if _clear((x0, candidate - 10, x0 + width, candidate + 3), placed):
+                    baseline = candidate
+                    break
+            else:
+                while x0 > left and not _clear((x0, baseline - 10, x0 + width, baseline + 3),
+                                               placed):  # fmt: skip
+                    x0 -= _RULE_CHAR_PX
+            anchor, tx = "", x0
+            line = (
+                f'<line x1="{left:.0f}" y1="{y:.1f}" x2="{right:.0f}" y2="{y:.1f}" '
+                f'stroke="{rule.color}" stroke-width="1.2" stroke-dasharray="2 3"/>'
+            )
+        placed.append((x0, baseline - 10, x0 + width, baseline + 3))
+        out.append(
+            f'{line}<text x="{tx:.1f}" y="{baseline:.1f}"{anchor} class="r" '
+            f'fill="{rule.color}">{_esc(rule.label)}</text>'
+        )
+    return out
+
+
 def line_chart(frame: Frame, lines: Sequence[Line], rules: Sequence[Rule] = ()) -> str:
     """A line chart with markers, a legend and reference rules."""
     pts = [p for line in lines for p in line.points if math.isfinite(p[0]) and math.isfinite(p[1])]
@@ -159,23 +223,7 @@ def line_chart(frame: Frame, lines: Sequence[Line], rules: Sequence[Rule] = ()) 
     out = _open(frame)
     axes, sx, sy = _axes(frame, xs, ys)
     out += axes
-    for rule in rules:
-        if rule.axis == "x":
-            x = sx(rule.value)
-            out.append(
-                f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{frame.height - _BOTTOM}" '
-                f'stroke="{rule.color}" stroke-width="1.5" stroke-dasharray="4 3"/>'
-                f'<text x="{x + 4:.1f}" y="{_TOP + 12}" class="r" fill="{rule.color}">'
-                f"{_esc(rule.label)}</text>"
-            )
-        else:
-            y = sy(rule.value)
-            out.append(
-                f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{frame.width - _RIGHT}" y2="{y:.1f}" '
-                f'stroke="{rule.color}" stroke-width="1.2" stroke-dasharray="2 3"/>'
-                f'<text x="{frame.width - _RIGHT - 4}" y="{y - 4:.1f}" text-anchor="end" '
-                f'class="r" fill="{rule.color}">{_esc(rule.label)}</text>'
-            )
+    out += _rule_marks(frame, rules, sx, sy)
     for line in lines:
         good = [
             (sx(x), sy(min(max(y, ys[0]), ys[1])))

@@ -26,8 +26,13 @@ def pct(value: Any) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A table; a cell already written as ``<td ...>`` is kept as it is."""
+def table(headers: list[str], rows: list[list[str]], *, drop_empty: bool = False) -> str:
+    """A table; a cell already written as ``<td ...>`` is kept as it is. ``drop_empty``
+    leaves out the columns that hold no figure in any row (all "—")."""
+    if drop_empty and rows:
+        kept = [i for i in range(len(headers)) if any(row[i] != "—" for row in rows)]
+        headers = [headers[i] for i in kept]
+        rows = [[row[i] for i in kept] for row in rows]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

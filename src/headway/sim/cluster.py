@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -66,6 +66,10 @@ class Disaggregation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 f"`disaggregation.kv_transfer_bandwidth_bytes_per_s` must be > 0 (got "
                 f"{bandwidth}); give bytes per second, e.g. 450e9 for NVLink 4, or omit it"
             )
+
+
+MAX_REPLICAS: Final = 10_000
+"""The most replicas one simulated cluster may hold (100,000 took 7.8 GB before they ran)."""
 
 
 class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -126,6 +130,12 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"`replicas` must be >= 1 (got {self.replicas})")
+        if self.replicas > MAX_REPLICAS:
+            raise ValueError(
+                f"`replicas` must be <= {MAX_REPLICAS:,} (got {self.replicas:,}): each "
+                "simulated replica holds its own engine state (about 80 KB), so a larger pool "
+                "exhausts memory; simulate one shard of the fleet and scale its load"
+            )
         if self.tensor_parallel < 1:
             raise ValueError(f"`tensor_parallel` must be >= 1 (got {self.tensor_parallel})")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -242,7 +252,8 @@ def parse_cluster(data: object, source: str = "<cluster>") -> ClusterSpec:
     try:
         return msgspec.convert(data, ClusterSpec)
     except msgspec.ValidationError as error:
-        raise config_error(error, source) from None
+        raise config_error(error, source, root=ClusterSpec, data=data,
+                           docs="docs/simulate.md") from None  # fmt: skip
 
 
 def replicas_needed_hint(tokens_per_s: float, per_replica_tokens_per_s: float) -> int:

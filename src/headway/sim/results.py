@@ -21,6 +21,7 @@ from headway.core.metrics import (
     meets_slo,
     summarize,
     summarize_histogram,
+    task_deadlines_s,
     tpot_s,
 )
 from headway.core.workload.compile import CompiledWorkload
@@ -72,8 +73,13 @@ class Slo(msgspec.Struct, frozen=True, kw_only=True):
     tasks_completed: int
     tasks_met_deadline: int
     task_attainment: float
+    """Tasks completed within their deadline over tasks offered (a task whose class
+    declares no deadline counts once it completes)."""
     verified_goodput_per_s: float
     """Tasks completed within their deadline, per second."""
+    task_deadlines_declared: bool = True
+    """Whether any class declares ``task_deadline_s`` (if none, ``task_attainment`` is
+    only the share completed)."""
 
 
 class Timeline(msgspec.Struct, frozen=True, kw_only=True):
@@ -331,13 +337,8 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
         for i in range(len(LENGTH_BUCKETS))
     ]  # fmt: skip
     task_done = np.isfinite(out.task_finish_s)
-    deadlines = np.array(
-        [
-            math.inf if w.spec.classes[k].slo.task_deadline_s is None
-            else w.spec.classes[k].slo.task_deadline_s
-            for k in w.class_names
-        ]
-    )[w.task_class]  # fmt: skip
+    deadline_by_class = [w.spec.classes[k].slo.task_deadline_s for k in w.class_names]
+    deadlines = task_deadlines_s(deadline_by_class, w.task_class)
     task_met = task_done & (out.task_finish_s - w.task_arrival_s <= deadlines)
     occupancy = (out.timeline_running + out.timeline_waiting).astype(np.float64)
     little = little_check(
@@ -403,6 +404,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             tasks_met_deadline=int(task_met.sum()),
             task_attainment=float(task_met.sum()) / w.num_tasks if w.num_tasks else 0.0,
             verified_goodput_per_s=float(task_met.sum()) / window,
+            task_deadlines_declared=any(d is not None for d in deadline_by_class),
         ),
         by_class=[group(name, call_class == i) for i, name in enumerate(w.class_names)],
         by_tenant=[group(name, call_tenant == i) for i, name in enumerate(w.tenant_names)],

@@ -13,19 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from headway.core.errors import ConfigError
 from headway.core.workload.spec import Planning, Slo
+from headway.files.output import output_file
 from headway.trace.readers import FORMATS, read_trace
 from headway.trace.stats import trace_stats
+from headway.verbs import VERBS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``trace`` verb and its sub-verbs to the main CLI's ``subparsers``."""
     parser = subparsers.add_parser(
         "trace",
-        help="read and describe request traces",
+        help=VERBS["trace"].help,
         description="Read request traces (Azure CSV, Mooncake JSONL, generic CSV/JSONL).",
     )
     verbs = parser.add_subparsers(dest="trace_verb", metavar="SUBVERB", required=True)
@@ -115,7 +116,7 @@ def _add_fit(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("file", metavar="FILE", help="the trace file")
     _add_format_option(parser)
     parser.add_argument(
-        "-o", "--output", type=Path, required=True, help="the workload file to write (YAML)"
+        "-o", "--output", type=output_file, required=True, help="the workload file to write (YAML)"
     )
     parser.add_argument("--bin-s", type=float, default=10.0, help="schedule step (default 10 s)")
     parser.add_argument(

@@ -41,7 +41,6 @@ from fuzz_http import (
     kinds,
     openai_error,
     raw_exchange,
-    rss_kib,
     valid_body,
 )
 from headway.emulate.process import EmulatorProcess
@@ -290,14 +289,9 @@ def test_unknown_routes_and_methods_are_openai_shaped(
 # --- limits ----------------------------------------------------------------------------------
 
 
-def _rss_kib(emulator: EmulatorProcess) -> int:
-    assert emulator.proc is not None
-    return rss_kib(emulator.proc.pid)
-
-
 @pytest.mark.parametrize("route", sorted(ROUTES.values()))
 def test_announced_oversized_body_is_refused_unread(emulator: EmulatorProcess, route: str) -> None:
-    before = _rss_kib(emulator)
+    before = emulator.rss_kib()
     started = time.monotonic()
     head = (
         f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -309,11 +303,11 @@ def test_announced_oversized_body_is_refused_unread(emulator: EmulatorProcess, r
     error = check(status, answer.split(b"\r\n\r\n", 1)[1])
     assert error is not None and str(MAX_BODY_BYTES) in error["message"]
     assert time.monotonic() - started < 5
-    assert _rss_kib(emulator) - before < 50_000
+    assert emulator.rss_kib() - before < 50_000
 
 
 def test_chunked_oversized_body_is_refused_bounded(emulator: EmulatorProcess) -> None:
-    before = _rss_kib(emulator)
+    before = emulator.rss_kib()
     head = (
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n"
@@ -325,7 +319,7 @@ def test_chunked_oversized_body_is_refused_bounded(emulator: EmulatorProcess) ->
     assert status == 413, answer[:300]
     check(status, answer.split(b"\r\n\r\n", 1)[1].split(b"\r\n", 1)[-1].rsplit(b"\r\n0", 1)[0])
     # It read at most its limit, and gives the memory back to its allocator afterwards.
-    assert _rss_kib(emulator) - before < 2 * MAX_BODY_BYTES // 1024
+    assert emulator.rss_kib() - before < 2 * MAX_BODY_BYTES // 1024
     assert healthy(emulator.url)
 
 

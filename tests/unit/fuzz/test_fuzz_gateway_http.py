@@ -47,7 +47,6 @@ from fuzz_http import (
     kinds,
     openai_error,
     raw_exchange,
-    rss_kib,
     valid_body,
 )
 from headway.emulate.process import EmulatorProcess
@@ -465,8 +464,7 @@ def test_unknown_routes_and_methods_are_openai_shaped(
 
 
 def _gateway_rss(stack: _Gateway) -> int:
-    assert stack.gateway.proc is not None
-    return rss_kib(stack.gateway.proc.pid)
+    return stack.gateway.rss_kib()
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES.values()))

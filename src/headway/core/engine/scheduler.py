@@ -52,6 +52,7 @@ from headway.core.engine.request import (
     create_request_queue,
 )
 from headway.core.engine.steptime import BatchShape, prefill_pairs
+from headway.core.errors import ConfigError
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -362,10 +363,14 @@ class Scheduler:
             )
         max_slots = req.num_prompt_tokens + req.max_output_tokens - 1
         if _cdiv(max_slots, bs) > self.pool.num_blocks:
-            raise ValueError(
+            # A cluster that cannot hold the workload's requests: the user's to fix.
+            raise ConfigError(
                 f"request {rid!r} needs {_cdiv(max_slots, bs)} KV blocks for its "
-                f"{max_slots} tokens but the replica has {self.pool.num_blocks}; shorten "
-                "it or give the replica more KV memory (vLLM rejects it by max_model_len)"
+                f"{max_slots} tokens but the replica has {self.pool.num_blocks}; give the "
+                "replica more KV memory (the cluster's num_kv_blocks, gpu_memory_utilization "
+                "or tensor_parallel) or shorten the workload's requests (vLLM would not start "
+                "with a pool that cannot hold max_model_len)",
+                path="num_kv_blocks",
             )
         if not self._chunked and max_slots > (self._max_tokens):
             raise ValueError(

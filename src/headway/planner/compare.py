@@ -120,7 +120,6 @@ def _capacity_reasons(spec: WorkloadSpec, peak: Period, sim: SimulatedPlan) -> l
 def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> list[Comparison]:
     """The side-by-side rows."""
     peak = analytic.periods[-1]
-    busy = analytic.periods[0]
     sizing = next((r.sizing for r in peak.routes if r.sizing is not None), None)
     rows: list[tuple[str, str, float | None, float | None, list[str]]] = []
     capacity_reasons = _capacity_reasons(spec, peak, sim)
@@ -190,21 +189,35 @@ def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> l
             )
         )
         rows.append((f"{at}: drain", "s", b.fluid_drain_s, b.measured_drain_s, burst_reasons))
-    if sim.cost is not None and sim.cost.cost_per_successful_task is not None:
-        run = sim.replay
+    cost, run = sim.cost, sim.replay
+    if cost is not None and cost.cost_per_successful_task is not None and run is not None:
+        # Both sides price the same replayed run: the analytic plan's count (with its
+        # failover) for the run's length over every offered task, against the simulated
+        # count over the tasks that met their deadline. (The busy period's own cost per
+        # task, at its own smaller count, is not the run's: it read -65% here.)
+        price = cost.price_per_replica_hour
+        analytic_cost = (
+            sizing.replicas_with_failover * price * cost.run_s / 3600.0 / run.offered_tasks
+            if sizing is not None and price is not None and run.offered_tasks > 0
+            else None
+        )
         success = (
             f"success: the simulated cost divides by tasks that met their deadline "
-            f"({run.task_attainment:.1%} of offered)"
-            if run is not None
-            else "success: the simulated cost divides by successful tasks only"
+            f"({run.task_attainment:.1%} of offered), the analytic by every offered task"
+        )
+        replicas = (
+            f"replicas: the analytic count is {sizing.replicas_with_failover}, the simulated "
+            f"{cost.replicas}"
+            if sizing is not None
+            else "replicas: each side prices its own replica count"
         )
         rows.append(
             (
-                "cost per task",
+                f"cost per task over the replayed {cost.run_s:g} s",
                 "$",
-                busy.cost_per_task,
-                sim.cost.cost_per_successful_task,
-                [success, "replicas: each side prices its own replica count"],
+                analytic_cost,
+                cost.cost_per_successful_task,
+                [success, replicas],
             )
         )
     result = []

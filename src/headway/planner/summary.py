@@ -183,7 +183,7 @@ def summarize_plan(
         else:
             lines.append(
                 f"{head} clears {b.measured_drain_s:.0f} s after it ends, with "
-                f"{b.peak_calls - b.baseline_calls:.0f} calls above normal at worst (fluid model: "
+                f"{b.measured_backlog_tasks:.0f} tasks above normal at worst (fluid model: "
                 f"{b.fluid_backlog_tasks:.0f} tasks, {fluid})."
             )
     if sim.cost is not None and sim.cost.cost_per_successful_task is not None:

@@ -55,16 +55,26 @@ def capacity_section(sim: dict[str, Any]) -> str:
         ],
         [*rules, *([Rule(f"target {target:.0%}", target, axis="y")] if target else [])],
     )
+
+    # One unit on both axes: SLO goodput (calls that met every bound, per second) in
+    # tasks/s, divided by the calls each task makes at that point, against the offered.
+    def per_task(p: dict[str, Any], calls_per_s: float) -> float:
+        tasks, calls = p["sweep"]["offered_tasks_per_s"], p["sweep"]["offered_calls_per_s"]
+        return calls_per_s * tasks / calls if calls else 0.0
+
     goodput = line_chart(
-        Frame("goodput", "Goodput against offered load", "offered tasks/s", "calls/s"),
+        Frame("goodput", "Goodput against offered load", "offered tasks/s", "tasks/s"),
         [
             Line(
-                "SLO goodput",
-                [(r, p["sweep"]["goodput_per_s"]) for r, p in zip(rate, sweep, strict=True)],
+                "SLO goodput (calls/s ÷ calls per task)",
+                [
+                    (r, per_task(p, p["sweep"]["goodput_per_s"]))
+                    for r, p in zip(rate, sweep, strict=True)
+                ],
             ),
             Line(
-                "offered calls/s",
-                [(r, p["sweep"]["offered_calls_per_s"]) for r, p in zip(rate, sweep, strict=True)],
+                "offered",
+                [(r, p["sweep"]["offered_tasks_per_s"]) for r, p in zip(rate, sweep, strict=True)],
                 color="#98a2b3",
                 dashed=True,
                 markers=False,
@@ -333,8 +343,28 @@ def tails_section(sim: dict[str, Any]) -> str:
     )
 
 
-def bad_days_section(bad_days: Any) -> str:
-    """The bad-day matrix as a coloured table (or a note that it was not computed).
+def _bad_days_window(matrix: Any, burst_starts_s: list[float]) -> str:
+    """What the matrix ran: its window, load and replicas, which bursts fall outside it."""
+    if not isinstance(matrix, dict) or matrix.get("duration_s") is None:
+        return ""
+    window = float(matrix["duration_s"])
+    later = [s for s in burst_starts_s if s >= window]
+    bursts = (
+        f"; the workload's bursts (from {min(later):g} s) start after it, so no cell has one"
+        if later
+        else ""
+    )
+    return (
+        f"<p class='muted'>Each cell simulates the workload's first {window:g} s at "
+        f"{fmt(matrix.get('load_factor'))}× its load on {matrix.get('cluster_replicas')} "
+        f"replicas (the plan's count){bursts}. Its costs are this window's, not the "
+        "headline's; a replica lost to a fault is paid for until the window ends.</p>"
+    )
+
+
+def bad_days_section(bad_days: Any, burst_starts_s: list[float] | None = None) -> str:
+    """The bad-day matrix as a coloured table (or a note that it was not computed),
+    after a line on what it ran (its window against ``burst_starts_s``).
 
     Takes a list of rows, ``{"rows": [...]}``, or a ``headway.sim.baddays`` matrix
     (``{"cells": [...]}``, whose ``preset`` is the row's policy).
@@ -354,7 +384,8 @@ def bad_days_section(bad_days: Any) -> str:
     rows = [
         [
             fmt(r.get("policy")),
-            fmt(r.get("scenario")),
+            fmt(r.get("scenario"))
+            + (f"<br><span class='bad'>{html.escape(r['note'])}</span>" if r.get("note") else ""),
             fmt(r.get("goodput_per_s"), "/s"),
             heat(r.get("slo_attainment"), min(lo, 0.5), 0.95, pct(r.get("slo_attainment"))),
             fmt(r.get("ttft_p99_s"), " s"),
@@ -365,7 +396,8 @@ def bad_days_section(bad_days: Any) -> str:
         ]
         for r in rows_in
     ]
-    return "<h2>Bad days</h2>" + table(
+    window = _bad_days_window(bad_days, burst_starts_s or [])
+    return f"<h2>Bad days</h2>{window}" + table(
         [
             "policy", "scenario", "goodput (calls/s)", "attainment (%)", "TTFT p99 (s)",
             "e2e p99 (s)", "shed (calls)", "amplification (×)", "$ per successful task",

@@ -212,7 +212,8 @@ def render_plan_html(data: dict[str, Any]) -> str:
             findings.burst_section(sim),
             findings.tails_section(sim),
         ]
-    sections.append(findings.bad_days_section(plan.get("bad_days")))
+    burst_starts = [float(b["start_s"]) for b in analytic.get("bursts", [])]
+    sections.append(findings.bad_days_section(plan.get("bad_days"), burst_starts))
     if sim:
         sections += [
             findings.comparison_section(plan.get("comparison") or []),

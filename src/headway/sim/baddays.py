@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import Final, get_args
 
 import msgspec
 import numpy as np
@@ -453,7 +453,7 @@ _ALL: tuple[Scenario, ...] = (
     Scenario("baseline", "nothing changed", "Nothing.", _baseline),
     Scenario(
         "replica-lost-prefill",
-        "one replica pool lost while it runs prefill work",
+        "half the replicas lost while they run prefill work",
         "Adds a `replica_lost` fault at a third of the run, `phase: prefill`, losing half "
         "the replicas (at least one; a one-replica cluster gets a second replica so that "
         "one survives).",
@@ -461,7 +461,7 @@ _ALL: tuple[Scenario, ...] = (
     ),
     Scenario(
         "replica-lost-decode",
-        "one replica pool lost while it runs decode-only steps",
+        "half the replicas lost while they run decode-only steps",
         "Adds a `replica_lost` fault at a third of the run, `phase: decode`, losing half "
         "the replicas (at least one; a one-replica cluster gets a second replica so that "
         "one survives).",
@@ -617,12 +617,15 @@ class BadDayCell(msgspec.Struct, frozen=True, kw_only=True):
     """Attempts / offered calls (retries and duplicates included)."""
     tasks_met_deadline: int
     replica_s: float
-    """Replica-seconds the run used (see :func:`replica_seconds`)."""
+    """Replica-seconds the run paid for (see :func:`replica_seconds`; a replica lost to a
+    fault is paid for until the run ends: a crash does not stop the bill)."""
     cost_per_successful_task: float | None
     """Replica-hours × price per replica-hour / tasks that met their deadline; None
     without a price or when no task met its deadline."""
     balanced: bool
     """Every offered call ended in exactly one terminal state."""
+    note: str | None = None
+    """What the figures do not say by themselves (a retry storm that did not form)."""
 
 
 class BadDayMatrix(msgspec.Struct, frozen=True, kw_only=True):
@@ -691,6 +694,12 @@ def _run_cell(
     a = result.accounting
     ranked = sorted(a.shed_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
     replica_s, basis = replica_seconds(result)
+    if basis == "engine":  # the engine's count stops at a loss; the bill does not
+        replica_s += sum(
+            f.replicas * max(0.0, result.end_s - f.at_s)
+            for f in job.cluster.faults
+            if isinstance(f, ReplicaLost)
+        )
     met = result.slo.tasks_met_deadline
     price = job.price_per_replica_hour
     cost = price * replica_s / 3600.0 / met if price is not None and met > 0 else None
@@ -717,8 +726,23 @@ def _run_cell(
         replica_s=replica_s,
         cost_per_successful_task=cost,
         balanced=a.balanced,
+        note=_note(job.scenario, a.amplification),
     )
     return cell, basis
+
+
+STORM_AMPLIFICATION: Final = 1.05
+"""Below this many attempts per call, ``retry-storm`` did not make a storm."""
+
+
+def _note(scenario: str, amplification: float) -> str | None:
+    """A retry storm that did not form is a result to read, not a calm day: say so."""
+    if "retry-storm" in scenario.split("+") and amplification < STORM_AMPLIFICATION:
+        return (
+            f"no storm formed: {amplification:.2f} attempts per call (the slowdown did not "
+            "push first tokens past the clients' timeout)"
+        )
+    return None
 
 
 def run_bad_days(

@@ -217,3 +217,33 @@ def test_analytic_only_skips_simulation() -> None:
     choice = ClusterChoice(spec=ClusterSpec(), source="test")
     plan = build_plan(spec, choice, None, analytic_only=True)
     assert plan.simulated is None and plan.comparison == [] and plan.complete
+
+
+def test_the_cost_comparison_prices_the_same_run_on_both_sides() -> None:
+    """Issue 16, defect 16: the "analytic and simulated" cost row set the busy period's
+    own cost per task (at its smaller count) against the whole replayed run (-65%)."""
+    replica = {"output_tokens_per_s": 2000, "price_per_hour": 4.0}
+    routes = {"chat": {"model": "llama-3-8b", "replica": replica}}
+    plan = build_plan(_spec(routes=routes), default_cluster(_spec()), LocalExecutor(1),
+                      settings=SETTINGS)  # fmt: skip
+    sim = plan.simulated
+    assert sim is not None and sim.cost is not None and sim.replay is not None
+    row = next(c for c in plan.comparison if c.figure.startswith("cost per task"))
+    sizing = plan.analytic.periods[-1].routes[0].sizing
+    assert sizing is not None
+    whole_run = (
+        sizing.replicas_with_failover * 4.0 * sim.cost.run_s / 3600 / sim.replay.offered_tasks
+    )
+    assert row.analytic == pytest.approx(whole_run)
+    assert row.simulated == sim.cost.cost_per_successful_task
+    assert row.analytic != plan.analytic.periods[0].cost_per_task
+
+
+def test_the_burst_headline_counts_in_the_tables_unit(small_plan: Plan) -> None:
+    """Issue 16, defect 17: the headline said "200 calls above normal" where the burst
+    table said 167 tasks; both count tasks."""
+    sim = small_plan.simulated
+    assert sim is not None and sim.bursts
+    b = max(sim.bursts, key=lambda x: x.fluid_backlog_tasks)
+    line = next(s for s in small_plan.summary if " burst to " in s)
+    assert f"{b.measured_backlog_tasks:.0f} tasks above normal at worst" in line, line

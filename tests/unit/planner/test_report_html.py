@@ -87,3 +87,21 @@ def test_bad_days_render_from_a_bad_day_matrix() -> None:
     data = {"schema": "headway.plan/1", "workload": "w", "analytic": analytic, "bad_days": matrix}
     page = render_plan_html(data)
     assert "long-prompts" in page and "headway-default" in page and "1.2×" in page
+
+
+def test_bad_days_say_what_they_ran_and_flag_a_storm_that_did_not_form() -> None:
+    """Issue 16, defect 16: the table did not say it ran the first 180 s (the bursts of
+    the reference assistant start at 300 s), nor that a 1x retry storm was none."""
+    analytic = to_builtins(plan_analytic(load_workload(EXAMPLES / "reference-assistant.yaml").spec))
+    note = "no storm formed: 1.00 attempts per call"
+    matrix = {
+        "schema": "headway.bad-days/1", "duration_s": 180.0, "load_factor": 1.0,
+        "cluster_replicas": 4,
+        "cells": [{"scenario": "retry-storm", "preset": "headway-default", "slo_attainment": 1.0,
+                   "amplification": 1.0, "note": note}],
+    }  # fmt: skip
+    data = {"schema": "headway.plan/1", "workload": "w", "analytic": analytic, "bad_days": matrix}
+    page = render_plan_html(data)
+    assert "first 180 s at 1× its load on 4 replicas" in page
+    assert "bursts (from 300 s) start after it" in page
+    assert note in page

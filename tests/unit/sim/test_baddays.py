@@ -373,3 +373,23 @@ def test_every_scenario_runs_under_every_preset() -> None:
     assert [s.name for s in matrix.scenarios if not s.changed] == ["baseline"]
     assert len(matrix.cells) == 2 * len(DEFAULT_SCENARIOS)
     assert all(c.balanced and c.offered_calls > 0 for c in matrix.cells)
+
+
+def test_a_lost_replica_is_paid_for_and_a_storm_that_did_not_form_is_said() -> None:
+    """Issue 16, defect 16: the replica-lost rows looked cheaper than the baseline (the
+    lost replicas stopped costing), and a retry storm with 1x amplification read as calm."""
+    cluster = _cluster(replicas=4, price_per_replica_hour=3.6)
+    matrix = run_bad_days(_workload(), cluster, scenarios=["baseline", "replica-lost-decode"],
+                          presets=["fifo-unbounded"], duration_s=30.0, jobs=1)  # fmt: skip
+    base = matrix.cell("baseline", "fifo-unbounded")
+    lost = matrix.cell("replica-lost-decode", "fifo-unbounded")
+    assert base.replica_s == pytest.approx(4 * 30.0, rel=0.05)
+    assert lost.replica_s == pytest.approx(base.replica_s, rel=0.05)  # 2 of 4 lost, still paid
+    assert base.note is None and lost.note is None
+    # Clients with a timeout no slowdown reaches: attempts stay ~1 per call.
+    calm = _workload(clients={"retries": {"timeout_s": 1000.0, "max_attempts": 3}})
+    storm = run_bad_days(calm, _cluster(replicas=2), scenarios=["retry-storm"],
+                         presets=["fifo-unbounded"], duration_s=30.0, jobs=1)  # fmt: skip
+    cell = storm.cells[0]
+    assert cell.amplification < 1.05
+    assert cell.note is not None and cell.note.startswith("no storm formed")

@@ -1,5 +1,6 @@
-"""Test settings: the Hypothesis profile (a smaller one under CI), and the log scan that
-fails a test whose servers wrote a configured secret (``tests/log_secrets.py``)."""
+"""Test settings: the Hypothesis profile (a smaller one under CI), the log scan that
+fails a test whose servers wrote a configured secret (``tests/log_secrets.py``), and a
+collection after each network test so a leaked socket fails that test (``tests/leaks.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 from hypothesis import settings
 
+from leaks import collect_after_network_tests
 from log_secrets import (
     no_secrets_in_module_server_logs,
     no_secrets_in_server_logs,
@@ -14,6 +16,7 @@ from log_secrets import (
 )
 
 __all__ = [
+    "collect_after_network_tests",
     "no_secrets_in_module_server_logs",
     "no_secrets_in_server_logs",
     "no_secrets_in_session_server_logs",

@@ -247,7 +247,8 @@ def test_a_slowdown_mid_calibration_fails_naming_the_drift(
         finally:
             done.set()
             slow.join()
-        faults = json.loads(urllib.request.urlopen(f"{emu.url}/admin/faults", timeout=10).read())
+        with urllib.request.urlopen(f"{emu.url}/admin/faults", timeout=10) as resp:
+            faults = json.loads(resp.read())
     assert faults["slowdown_factor"] == 2.0  # it did slow down during the run
     err = capsys.readouterr().err
     assert code == 1

@@ -38,8 +38,22 @@ def drill() -> Iterator[str]:
         yield emu.url
 
 
+_CLIENTS: list[openai.OpenAI] = []
+
+
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    """A client closed after the test (an unclosed one leaves its keep-alive socket to the
+    garbage collector, whose ResourceWarning then fails some later test)."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    _CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
 
 
 def _http(

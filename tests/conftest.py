@@ -14,8 +14,10 @@ from log_secrets import (
     no_secrets_in_server_logs,
     no_secrets_in_session_server_logs,
 )
+from openai_clients import close_openai_clients
 
 __all__ = [
+    "close_openai_clients",
     "collect_after_network_tests",
     "no_secrets_in_module_server_logs",
     "no_secrets_in_server_logs",

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from headway.loopback import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = str(ROOT / "examples" / "reference-assistant.yaml")
 CLUSTER = ROOT / "examples" / "clusters" / "llama3-8b-h100.yaml"
@@ -54,13 +56,6 @@ def _simulated_plan(folder: Path) -> None:
     """An output folder that holds a simulated plan (only its ``simulated`` key is read)."""
     (folder / "out").mkdir()
     (folder / "out" / "plan.json").write_text(json.dumps({"simulated": {"replicas": 4}}))
-
-
-def _closed_port() -> int:
-    """A loopback port that nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -172,7 +167,7 @@ def test_a_mistake_is_one_line_and_exit_code_2(name: str, tmp_path: Path) -> Non
     case = CASES[name]
     for setup in case.setup:
         setup(tmp_path)
-    closed = {"URL": f"http://127.0.0.1:{_closed_port()}", "ADDRESS": f"127.0.0.1:{_closed_port()}"}
+    closed = {"URL": f"http://127.0.0.1:{free_port()}", "ADDRESS": f"127.0.0.1:{free_port()}"}
     done = _run([closed.get(a, a) for a in case.args], tmp_path)
     _assert_one_line_usage_error(done, case.says)
     if case.defect == 9:

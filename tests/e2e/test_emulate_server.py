@@ -19,6 +19,7 @@ import pytest
 from headway.emulate.process import EmulatorProcess
 from headway.emulate.server import CRASH_EXIT_CODE
 from headway.emulate.tokens import fingerprint
+from openai_clients import openai_client
 
 MODEL = "llama-3-8b"
 VOCAB = 128256  # Llama-3's
@@ -38,22 +39,8 @@ def drill() -> Iterator[str]:
         yield emu.url
 
 
-_CLIENTS: list[openai.OpenAI] = []
-
-
 def _client(url: str) -> openai.OpenAI:
-    """A client closed after the test (an unclosed one leaves its keep-alive socket to the
-    garbage collector, whose ResourceWarning then fails some later test)."""
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    _CLIENTS.append(client)
-    return client
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _CLIENTS:
-        _CLIENTS.pop().close()
+    return openai_client(url, "unused")
 
 
 def _http(

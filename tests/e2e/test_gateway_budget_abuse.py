@@ -100,6 +100,14 @@ def _status(url: str, key: str, body: dict[str, Any], **headers: str) -> tuple[i
         conn.close()
 
 
+def _assert_over_budget(gateway: str, body: dict[str, Any]) -> None:
+    """The metered tenant's ``body`` is refused for its token budget (it is still charged
+    for what came before)."""
+    status, headers, text = _status(gateway, METER, body)
+    assert status == 429, text
+    assert headers["x-headway-shed-reason"] == "tenant_token_rate"
+
+
 def _first_token_then_hang_up(url: str, body: dict[str, Any]) -> int:
     """Stream ``body``, read the first event, close: the status (429 when refused)."""
     exchange = _Exchange(url, METER, body)
@@ -233,9 +241,7 @@ def test_a_non_streamed_request_left_in_flight_pays_the_output_it_may_have_had(
             sent.response()
         sent.close()
         time.sleep(0.2)  # the gateway sees the hang-up
-        status, headers, text = _status(gw.url, METER, _body(10, 2000, stream=True))
-        assert status == 429, text
-        assert headers["x-headway-shed-reason"] == "tenant_token_rate"
+        _assert_over_budget(gw.url, _body(10, 2000, stream=True))
 
 
 def test_a_disconnect_while_the_engine_prefills_costs_the_prompt() -> None:
@@ -249,9 +255,7 @@ def test_a_disconnect_while_the_engine_prefills_costs_the_prompt() -> None:
         sent.close()
         time.sleep(0.2)  # the gateway sees the hang-up
         # ~2,000 prompt tokens stay charged: 3,000 more do not fit the 4,000 bucket.
-        status, headers, text = _status(gw.url, METER, _body(10, 2980, stream=True))
-        assert status == 429, text
-        assert headers["x-headway-shed-reason"] == "tenant_token_rate"
+        _assert_over_budget(gw.url, _body(10, 2980, stream=True))
 
 
 def test_an_engine_dying_mid_stream_charges_what_it_served() -> None:
@@ -269,9 +273,7 @@ def test_an_engine_dying_mid_stream_charges_what_it_served() -> None:
             stream.close()
         time.sleep(0.2)
         # The prompt it prefilled stays charged: 3,000 more tokens do not fit.
-        status, headers, text = _status(gw.url, METER, _body(10, 2980, stream=True))
-        assert status == 429, text
-        assert headers["x-headway-shed-reason"] == "tenant_token_rate"
+        _assert_over_budget(gw.url, _body(10, 2980, stream=True))
 
 
 def test_a_ticket_does_not_admit_a_larger_retry(slow: EmulatorProcess) -> None:

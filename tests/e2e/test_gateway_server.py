@@ -25,6 +25,7 @@ import pytest
 
 from headway.emulate.process import EmulatorProcess
 from headway.gateway.process import GatewayProcess
+from openai_clients import openai_client
 
 MODEL = "llama-3-8b"
 KEY = "key-acme"
@@ -107,20 +108,8 @@ def _call(url: str, path: str, body: Any = None, headers: Any = None,
         raw.close()
 
 
-_CLIENTS: list[openai.OpenAI] = []
-
-
 def _client(url: str, key: str = KEY, timeout_s: float = 30.0) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=timeout_s)
-    _CLIENTS.append(client)
-    return client
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _CLIENTS:
-        _CLIENTS.pop().close()
+    return openai_client(url, key, timeout_s)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,9 @@ Overload outcomes (shed, cancelled, timed out) are values, never exceptions.
 from __future__ import annotations
 
 import difflib
-import re
 from typing import Any
 
-from headway.core.struct_paths import fields_at
-
-_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>.+)`", re.S)
+from headway.core.struct_paths import UNKNOWN_FIELD, fields_at
 
 
 class HeadwayError(Exception):
@@ -68,7 +65,7 @@ def config_error(
     if " - at `" in message:
         message, _, rest = message.partition(" - at `")
         path = rest.rstrip("`")
-    unknown = _UNKNOWN.fullmatch(message)
+    unknown = UNKNOWN_FIELD.fullmatch(message)
     if unknown and root is not None:
         key = unknown.group("key")
         close = difflib.get_close_matches(key, sorted(fields_at(root, path, data) or ()), n=1,

@@ -8,7 +8,11 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["fields_at"]
+__all__ = ["UNKNOWN_FIELD", "fields_at"]
+
+# Greedy: the unknown key may itself hold a backtick.
+UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(?P<key>.+)`", re.S)
+"""msgspec's message for a key the struct does not have."""
 
 
 def fields_at(root: Any, path: str, data: Any) -> set[str] | None:

@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from headway.core.errors import WorkloadError
-from headway.core.struct_paths import fields_at
+from headway.core.struct_paths import UNKNOWN_FIELD, fields_at
 from headway.core.trace_data import TraceData
 from headway.core.workload import spec as spec_types
 from headway.core.workload.spec import (
@@ -49,8 +49,6 @@ def _all_field_names() -> set[str]:
     return names
 
 
-# Greedy: the unknown key may itself hold a backtick.
-_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>.+)`", re.S)
 _MISSING = re.compile(r"Object missing required field `(?P<key>[^`]+)`")
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>[^`]+)`)?$", re.S)
 
@@ -63,7 +61,7 @@ def explain_validation_error(
     message = match.group("msg") if match else str(error)
     path = (match.group("path") if match else None) or "$"
     hint = ""
-    unknown = _UNKNOWN.search(message)
+    unknown = UNKNOWN_FIELD.search(message)
     if unknown:
         key = unknown.group("key")
         known = fields_at(WorkloadSpec, path, data) or _all_field_names()

@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         grid = ["--rounds", "2" if quick else "3", "--prefill-prompt-tokens",
                 "128,512,1536,3072" if quick else "128,512,1024,2048,3072,4000",
                 "--prefill-output-tokens", "6", "--decode-concurrency", "1,8,32",
-                "--decode-prompt-tokens", "128" if quick else "128,2048",
+                "--decode-prompt-tokens", "128,2048",
                 "--decode-output-tokens", "18",
                 "--max-num-batched-tokens", str(STEP_BUDGET_TOKENS),
                 "--max-num-seqs", "32"]  # fmt: skip

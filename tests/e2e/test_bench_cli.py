@@ -153,3 +153,6 @@ def test_sweep_finds_the_servers_knee(tmp_path: Path, server: Callable[..., str]
     assert knee["found"] and 1.0 <= knee["load_factor"] <= 2.5
     assert knee["load_factor"] < knee["upper_load_factor"] <= 4.0
     assert (out / "sweep.html").exists()
+    # Each measured point is reported as it ends (on stderr, the JSON holding stdout).
+    progress = [line for line in done.stderr.splitlines() if line.startswith("load ×")]
+    assert len(progress) == len(sweep["points"]) and "attainment" in progress[0]

@@ -149,6 +149,23 @@ def test_unreachable_target_is_a_clear_error(
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
 
 
+def test_a_grid_the_fit_cannot_separate_is_refused_before_any_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One decode context (or no decode batch above 1) leaves two coefficients one
+    column, which the fit would split arbitrarily: one line naming the flag and the fix,
+    exit 2, before the target is even asked (a closed port here)."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "p.json"
+    for flag, value, says in (("--decode-prompt-tokens", "128", "per_decode_kv_token_s"),
+                              ("--decode-concurrency", "1", "per_decode_seq_s")):  # fmt: skip
+        code = main(["calibrate", "--target", closed, "--out", str(out), flag, value])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert flag in err and says in err and "cannot list models" not in err
+        assert not out.exists()
+
+
 def test_an_unwritable_out_fails_before_any_probe(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -65,7 +65,7 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
     out = tmp_path / "profile.json"
     args = ["calibrate", "--target", vllm_server.url, "--out", str(out), "--rounds", "3",
             "--prefill-prompt-tokens", "64,256,768", "--prefill-output-tokens", "6",
-            "--decode-concurrency", "1,4,16", "--decode-prompt-tokens", "64",
+            "--decode-concurrency", "1,4,16", "--decode-prompt-tokens", "64,512",
             "--decode-output-tokens", "30", "--max-num-batched-tokens", "2048"]  # fmt: skip
     code = main(args)
     captured = capsys.readouterr()

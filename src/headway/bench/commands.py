@@ -291,14 +291,16 @@ def _sweep(args: argparse.Namespace, bench_input: Any, options: Any) -> int:
         )
 
     def show(point: BenchPoint) -> None:
-        if not args.json:
-            sys.stdout.write(
-                f"load ×{point.load_factor:.3g}: {point.offered_calls_per_s:.3g} calls/s, "
-                f"attainment {point.slo_attainment:.1%}, TTFT p99 {_ms(point.ttft_p99_s)}, "
-                f"lateness p99 {_ms(point.lateness_p99_s)}"
-                f"{'' if point.sender_ok else ' (sender outside budget)'}\n"
-            )
-            sys.stdout.flush()
+        # Each point is a whole bench run (minutes): say so as it ends, on stderr when
+        # stdout carries the JSON.
+        out = sys.stderr if args.json else sys.stdout
+        out.write(
+            f"load ×{point.load_factor:.3g}: {point.offered_calls_per_s:.3g} calls/s, "
+            f"attainment {point.slo_attainment:.1%}, TTFT p99 {_ms(point.ttft_p99_s)}, "
+            f"lateness p99 {_ms(point.lateness_p99_s)}"
+            f"{'' if point.sender_ok else ' (sender outside budget)'}\n"
+        )
+        out.flush()
 
     result = sweep_knee(
         bench_input,

@@ -145,6 +145,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     from headway.calibrate.run import calibrate
 
     plan = plan_from_args(args)
+    unidentified = plan.unidentified()
+    if unidentified is not None:
+        raise ConfigError(unidentified[1], path=unidentified[0])
     limits = _limits(args)
     if args.time_scale is not None and not args.time_scale > 0:
         raise ConfigError(f"--time-scale must be > 0 (got {args.time_scale})", path="--time-scale")

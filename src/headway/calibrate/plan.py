@@ -65,7 +65,10 @@ class ProbePlan:
     decode_concurrency: tuple[int, ...] = (2, 8, 32)
     """Batch sizes of the decode probes."""
     decode_prompt_tokens: tuple[int, ...] = (128, 2048)
-    """Context lengths of the decode probes."""
+    """Context lengths of the decode probes. A length the endpoint's ``max_model_len``
+    cannot take with ``decode_output_tokens`` more is probed at the longest it takes: the
+    fit needs two distinct contexts to tell the cost of reading the KV cache from the
+    cost of a sequence (:meth:`unidentified`)."""
     decode_output_tokens: int = 33
     """Tokens each decode probe request generates."""
     max_num_batched_tokens: int = 8192
@@ -98,14 +101,48 @@ class ProbePlan:
     def reference(self, max_model_len: int | None = None) -> ProbeShape:
         """The drift check's probe: the middle decode concurrency at the shortest decode
         context that fits."""
-        limit = max_model_len if max_model_len is not None else 2**62
-        fitting = [p for p in sorted(self.decode_prompt_tokens)
-                   if p + self.decode_output_tokens <= limit]  # fmt: skip
-        prompt = fitting[0] if fitting else min(self.decode_prompt_tokens)
+        fitting = self.decode_contexts(max_model_len)
+        prompt = min(fitting) if fitting else min(self.decode_prompt_tokens)
         batches = sorted(self.decode_concurrency)
         return ProbeShape(kind="reference", prompt_tokens=prompt,
                           concurrency=batches[len(batches) // 2],
                           output_tokens=self.decode_output_tokens)  # fmt: skip
+
+    def decode_contexts(self, max_model_len: int | None = None) -> list[int]:
+        """The decode probes' prompt lengths, each one too long for ``max_model_len``
+        replaced by the longest that fits (distinct, in the plan's order)."""
+        longest = 2**62 if max_model_len is None else max_model_len - self.decode_output_tokens
+        out: list[int] = []
+        for p in self.decode_prompt_tokens:
+            p = min(p, longest)
+            if p >= 1 and p not in out:
+                out.append(p)
+        return out
+
+    def unidentified(self, max_model_len: int | None = None) -> tuple[str, str] | None:
+        """The flag and why a fit of this plan's probes could not separate the decode coefficients
+        (None: it can). Non-negative least squares does not fail on such a grid: it sets
+        one of two indistinguishable costs to 0, and the model comes out optimistic for
+        every batch unlike the probes (a single decode context fitted
+        ``per_decode_kv_token_s = 0`` against vLLM and under-predicted its decode steps
+        at 2× the context by 20%)."""
+        contexts = self.decode_contexts(max_model_len)
+        fits = "" if max_model_len is None else f" that fit max_model_len {max_model_len}"
+        if len(contexts) < 2:
+            return "--decode-prompt-tokens", (
+                f"--decode-prompt-tokens gives {len(contexts)} distinct context length"
+                f"{'' if len(contexts) == 1 else 's'}{fits} ({self.decode_prompt_tokens}): "
+                "the fit cannot tell per_decode_kv_token_s (reading the KV cache) from "
+                "per_decode_seq_s; give two lengths far apart, e.g. "
+                "--decode-prompt-tokens 128,2048"
+            )
+        if max(self.decode_concurrency, default=1) < 2:
+            return "--decode-concurrency", (
+                f"--decode-concurrency {','.join(map(str, self.decode_concurrency))} has no "
+                "batch of 2 or more: the fit cannot tell per_decode_seq_s from overhead_s; "
+                "give e.g. --decode-concurrency 2,8,32"
+            )
+        return None
 
     def shapes(self, max_model_len: int | None = None) -> list[ProbeShape]:
         """Every probe, in the order they run; with ``max_model_len``, only those whose
@@ -123,8 +160,8 @@ class ProbePlan:
                 f"({max_model_len}) with {self.prefill_output_tokens} output tokens; give "
                 "--prefill-prompt-tokens with at least 3 shorter lengths"
             )
-        decode = [(p, b) for p in self.decode_prompt_tokens for b in self.decode_concurrency
-                  if p + self.decode_output_tokens <= limit]  # fmt: skip
+        decode = [(p, b) for p in self.decode_contexts(max_model_len)
+                  for b in self.decode_concurrency]  # fmt: skip
         reference = self.reference(max_model_len)
         out: list[ProbeShape] = []
         for r in range(self.rounds):

@@ -179,9 +179,14 @@ async def run_probes(
     read_timeout_s: float = 120.0,
     seed: int = 0,
     progress: Callable[[int, int, ProbeShape], None] | None = None,
+    for_fit: bool = False,
 ) -> tuple[EndpointInfo, list[ProbeResult]]:
     """Discover the endpoint and its settings, warm it up, and run every probe of ``plan``
-    that fits the model's length limit, in order."""
+    that fits the model's length limit, in order.
+
+    ``for_fit``: the probes are for a fit; a plan whose fit the endpoint's length limit
+    leaves unidentified (:meth:`ProbePlan.unidentified`) raises before any probe runs.
+    """
     target = target.rstrip("/")
     most = max(plan.decode_concurrency, default=1)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout_s)
@@ -199,6 +204,9 @@ async def run_probes(
             shapes = plan.shapes(info.max_model_len)
         except ValueError as error:
             raise ProbeError(str(error)) from None
+        unidentified = plan.unidentified(info.max_model_len) if for_fit else None
+        if unidentified is not None:
+            raise ProbeError(unidentified[1])
         url = f"{target}/v1/completions"
         # Warm-up: open the connections and let the engine reach its steady state.
         start = asyncio.Event()

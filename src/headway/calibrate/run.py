@@ -53,7 +53,9 @@ def calibrate(
     step budget is what it exposes, else ``max_num_batched_tokens``, else the plan's.
     """
     started = time.perf_counter()
-    info, results = asyncio.run(run_probes(target, plan, model=model, progress=progress))
+    info, results = asyncio.run(
+        run_probes(target, plan, model=model, progress=progress, for_fit=True)
+    )
     settings = with_flags(
         info.engine_settings,
         max_num_seqs=max_num_seqs,

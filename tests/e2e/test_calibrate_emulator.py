@@ -267,8 +267,10 @@ def test_a_slowdown_mid_calibration_fails_naming_the_drift(
         with urllib.request.urlopen(f"{emu.url}/admin/faults", timeout=10) as resp:
             faults = json.loads(resp.read())
     assert faults["slowdown_factor"] == 2.0  # it did slow down during the run
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert code == 1
+    assert f"wrote {stale}" not in printed.out and "engine read (no cluster file)" in printed.out
     assert "headway: error: untrustworthy fit: drift: the reference probe's decode step" in err
     assert "above --max-drift 15%" in err
     profile = read_profile(out)  # written for inspection, with the reasons

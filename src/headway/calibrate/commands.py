@@ -238,7 +238,8 @@ def _print_summary(profile: Profile, out: Path, cluster_out: Path, missing: list
         f"{fit.num_gap_samples} decode samples in {fit.wall_s:.1f} s"
     )
     exposed = ", ".join(f"{k} ({v})" for k, v in sorted(profile.engine_settings.sources.items()))
-    lines.append(f"wrote {cluster_out}: engine settings {exposed or 'none exposed'}")
+    written = f"wrote {cluster_out}" if not fit.problems else "engine read (no cluster file)"
+    lines.append(f"{written}: engine settings {exposed or 'none exposed'}")
     if missing:
         lines.append(f"  not exposed, simulator defaults kept: {', '.join(missing)}")
     sys.stdout.write("\n".join(lines) + "\n")

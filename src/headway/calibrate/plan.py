@@ -52,11 +52,12 @@ class ProbePlan:
     """The grid of probes (prompt lengths × concurrency × output lengths)."""
 
     prefill_prompt_tokens: tuple[int, ...] = (
-        256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
+        64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
     )  # fmt: skip
     """Prompt lengths of the prefill probes. Long prompts pin the attention (per-pair)
-    cost; those that do not fit the endpoint's ``max_model_len`` are left out (at least 3
-    must fit)."""
+    cost, a short one the per-request cost; those longer than the endpoint's
+    ``max_model_len`` takes (with ``prefill_output_tokens`` more) are probed once, at the
+    longest it takes (at least 3 distinct lengths must remain)."""
     prefill_output_tokens: int = 25
     """Tokens each prefill probe generates (its gaps are 1-sequence decode steps)."""
     rounds: int = 3
@@ -108,16 +109,14 @@ class ProbePlan:
                           concurrency=batches[len(batches) // 2],
                           output_tokens=self.decode_output_tokens)  # fmt: skip
 
-    def decode_contexts(self, max_model_len: int | None = None) -> list[int]:
-        """The decode probes' prompt lengths, each one too long for ``max_model_len``
+    def prefill_lengths(self, max_model_len: int | None = None) -> list[int]:
+        """The prefill probes' prompt lengths, each one too long for ``max_model_len``
         replaced by the longest that fits (distinct, in the plan's order)."""
-        longest = 2**62 if max_model_len is None else max_model_len - self.decode_output_tokens
-        out: list[int] = []
-        for p in self.decode_prompt_tokens:
-            p = min(p, longest)
-            if p >= 1 and p not in out:
-                out.append(p)
-        return out
+        return _fitting(self.prefill_prompt_tokens, self.prefill_output_tokens, max_model_len)
+
+    def decode_contexts(self, max_model_len: int | None = None) -> list[int]:
+        """The decode probes' prompt lengths, as :meth:`prefill_lengths`."""
+        return _fitting(self.decode_prompt_tokens, self.decode_output_tokens, max_model_len)
 
     def unidentified(self, max_model_len: int | None = None) -> tuple[str, str] | None:
         """The flag and why a fit of this plan's probes could not separate the decode coefficients
@@ -145,17 +144,17 @@ class ProbePlan:
         return None
 
     def shapes(self, max_model_len: int | None = None) -> list[ProbeShape]:
-        """Every probe, in the order they run; with ``max_model_len``, only those whose
-        prompt and output fit it.
+        """Every probe, in the order they run; with ``max_model_len``, each prompt that
+        would not fit it is shortened to the longest that does.
 
         Raises:
-            ValueError: when fewer than 3 prefill prompt lengths fit ``max_model_len``.
+            ValueError: when fewer than 3 distinct prefill prompt lengths fit
+                ``max_model_len``.
         """
-        limit = max_model_len if max_model_len is not None else 2**62
-        prefill = [p for p in self.prefill_prompt_tokens if p + self.prefill_output_tokens <= limit]
-        if len(set(prefill)) < 3:
+        prefill = self.prefill_lengths(max_model_len)
+        if len(prefill) < 3:
             raise ValueError(
-                f"only {len(set(prefill))} of the prefill prompt lengths "
+                f"only {len(prefill)} distinct prefill prompt lengths of "
                 f"{list(self.prefill_prompt_tokens)} fit the endpoint's max_model_len "
                 f"({max_model_len}) with {self.prefill_output_tokens} output tokens; give "
                 "--prefill-prompt-tokens with at least 3 shorter lengths"
@@ -183,3 +182,15 @@ class ProbePlan:
 
 
 DEFAULT_PLAN = ProbePlan()
+
+
+def _fitting(lengths: tuple[int, ...], output_tokens: int, max_model_len: int | None) -> list[int]:
+    """``lengths`` with each one longer than ``max_model_len`` takes (with
+    ``output_tokens`` more) replaced by the longest it takes; distinct, in order."""
+    longest = 2**62 if max_model_len is None else max_model_len - output_tokens
+    out: list[int] = []
+    for p in lengths:
+        p = min(p, longest)
+        if p >= 1 and p not in out:
+            out.append(p)
+    return out

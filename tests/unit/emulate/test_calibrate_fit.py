@@ -57,8 +57,13 @@ def test_plan_drops_probes_longer_than_the_model() -> None:
     assert shapes and all(s.prompt_tokens + s.output_tokens <= 8192 for s in shapes)
     with pytest.raises(ValueError, match="3 distinct lengths"):
         ProbePlan(prefill_prompt_tokens=(128, 256))
-    with pytest.raises(ValueError, match="only 2 of the prefill prompt lengths"):
-        ProbePlan(prefill_prompt_tokens=(128, 256, 4096)).shapes(max_model_len=2048)
+    # Too long for the model: probed once, at the longest it takes.
+    longest = 2048 - DEFAULT_PLAN.prefill_output_tokens
+    assert DEFAULT_PLAN.prefill_lengths(2048) == [64, 256, 512, 1024, longest]
+    prefill = [s.prompt_tokens for s in DEFAULT_PLAN.shapes(2048) if s.kind == "prefill"]
+    assert sorted(set(prefill)) == [64, 256, 512, 1024, longest]
+    with pytest.raises(ValueError, match="only 2 distinct prefill prompt lengths"):
+        ProbePlan(prefill_prompt_tokens=(128, 4096, 8192)).shapes(max_model_len=2048)
 
 
 def _long_context_ratios(keep_context: Callable[[float], bool]) -> list[float]:

@@ -133,7 +133,8 @@ def test_a_profile_reaches_the_workers_of_a_compiled_process_pool(
     w, _ = files
     profile = tmp_path / "profile.json"
     step_time = {"overhead_s": 0.006, "per_prefill_token_s": 5e-05, "per_decode_seq_s": 0.0003}
-    profile.write_text(json.dumps({"format": PROFILE_FORMAT, "step_time": step_time}))
+    profile.write_text(json.dumps({"format": PROFILE_FORMAT, "step_time": step_time,
+                                   "model": "tiny", "engine": "vllm 0.32.0"}))  # fmt: skip
     plans = []
     for jobs in ("2", "1"):
         code = main(["plan", str(w), "--profile", str(profile), "--json", "--jobs", jobs,
@@ -153,7 +154,10 @@ def test_a_profile_reaches_the_workers_of_a_compiled_process_pool(
         "basis": "calibrated",
         "route": None,
     }
-    assert plans[0]["summary"][0].startswith(f"Calibrated simulation: {recommended} replica")
+    # The replicas are the engine the profile measured, not the cluster's roofline model.
+    head = plans[0]["summary"][0]
+    assert head.startswith(f"Calibrated simulation: {recommended} replica")
+    assert " of tiny (vllm 0.32.0) hold" in head and "Llama" not in head, head
     sweeps = []
     for jobs in ("2", "1"):
         code = main(["sweep", str(w), "--profile", str(profile), "--loads", "0.5,1",

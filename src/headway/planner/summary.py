@@ -14,10 +14,18 @@ _COUNT_WORDS = ("no replica", "one", "two", "three", "four", "five")
 
 
 def _names(sim: SimulatedPlan) -> tuple[str, str]:
+    """What the replicas are: the calibrated engine (its model, engine and hardware) when
+    a profile sets the step times, else the cluster's model and GPU."""
+    if sim.cluster.step_time == "profile" and sim.cluster.profile_of:
+        return sim.cluster.profile_of, ""
     try:
         return get_model(sim.cluster.model).name, get_gpu(sim.cluster.gpu).name
     except ConfigError:
         return sim.cluster.model, sim.cluster.gpu
+
+
+def _on(model: str, gpu: str) -> str:
+    return f"{model} on {gpu}" if gpu else model
 
 
 def _replicas(n: int) -> str:
@@ -70,14 +78,14 @@ def _simulated_line(sim: SimulatedPlan, model: str, gpu: str) -> str | None:
         return None
     if search.recommended is None:
         return (
-            f"even {_replicas(max(p.replicas for p in search.trials))} of {model} on {gpu} "
+            f"even {_replicas(max(p.replicas for p in search.trials))} of {_on(model, gpu)} "
             f"miss the {search.target:.0%} attainment target at the peak."
         )
     lost = search.failures_tolerated
     held = search.attainment_failures_lost
     all_up = search.attainment_all_up
     text = (
-        f"{_replicas(search.recommended)} of {model} on {gpu} "
+        f"{_replicas(search.recommended)} of {_on(model, gpu)} "
         f"{'holds' if search.recommended == 1 else 'hold'} the peak of "
         f"{search.peak_tasks_per_s:.3g} tasks/s at "
     )

@@ -22,7 +22,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from headway.calibrate.profile import read_profile
+from headway.calibrate.profile import Profile, read_profile
 from headway.core.engine.capacity import kv_capacity_tokens
 from headway.core.engine.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from headway.core.engine.efficiency import EfficiencyTable
@@ -106,6 +106,11 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """A measured step-time profile: inline coefficients, or in the file the path to a
     profile that ``headway calibrate`` wrote (relative to the cluster file; it implies
     ``step_time: profile``)."""
+
+    profile_of: str = ""
+    """What the profile measured, in words (a ``headway calibrate`` profile's model,
+    engine and hardware; filled in from the profile file): the plan names the replicas
+    by it, not by ``model`` and ``gpu``, whose roofline a profile replaces."""
 
     disaggregation: Disaggregation | None = None
     """Separate prefill and decode pools (None: every replica does both). Not simulated
@@ -239,7 +244,15 @@ def _with_profile_file(data: dict[str, object], source: str) -> dict[str, object
     if not path.is_absolute() and not source.startswith("<"):
         path = Path(source).parent / path
     profile = read_profile(path)
-    return {"step_time": "profile", **data, "profile": msgspec.to_builtins(profile.step_time)}
+    return {"step_time": "profile", "profile_of": measured_engine(profile), **data,
+            "profile": msgspec.to_builtins(profile.step_time)}  # fmt: skip
+
+
+def measured_engine(profile: Profile) -> str:
+    """A profile's engine in words: ``tiny (vllm 0.32.0, CPU)``."""
+    details = ", ".join(x for x in (profile.engine, profile.hardware) if x)
+    name = profile.model or "the calibrated engine"
+    return f"{name} ({details})" if details else name
 
 
 def parse_cluster(data: object, source: str = "<cluster>") -> ClusterSpec:
@@ -267,4 +280,6 @@ def with_profile(spec: ClusterSpec, path: Path) -> ClusterSpec:
     """``spec`` predicting step times from the profile file at ``path`` (``--profile``,
     what ``headway calibrate`` writes) instead of its own step-time model."""
     profile = read_profile(path)
-    return msgspec.structs.replace(spec, step_time="profile", profile=profile.step_time)
+    return msgspec.structs.replace(
+        spec, step_time="profile", profile=profile.step_time, profile_of=measured_engine(profile)
+    )

@@ -247,6 +247,38 @@ def _slow_down_after(url: str, requests: int, factor: float, done: threading.Eve
         done.wait(0.02)  # the condition is the emulator's count: look again shortly
 
 
+def _stop_after(emu: EmulatorProcess, requests: int, done: threading.Event) -> None:
+    """Once ``requests`` requests have finished, stop the emulator (a server that dies)."""
+    deadline = time.monotonic() + 120
+    while not done.is_set() and time.monotonic() < deadline:
+        if _finished_requests(emu.url) >= requests:
+            emu.stop()
+            return
+        done.wait(0.02)  # the condition is the emulator's count: look again shortly
+
+
+def test_a_server_that_dies_mid_calibration_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The endpoint going away while a probe streams is one line naming the URL, exit
+    1, and no profile (it was aiohttp's traceback)."""
+    out = tmp_path / "profile.json"
+    done = threading.Event()
+    with EmulatorProcess(["--speedup", "4"]) as emu:
+        stop = threading.Thread(target=_stop_after, args=(emu, 12, done))
+        stop.start()
+        try:
+            code = main(["calibrate", "--target", emu.url, "--out", str(out), "--json"])
+        finally:
+            done.set()
+            stop.join()
+    err = capsys.readouterr().err.strip()
+    assert code == 1, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "stopped answering a probe" in err and "is the server still up?" in err
+    assert not out.exists()
+
+
 def test_a_slowdown_mid_calibration_fails_naming_the_drift(
     truth_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

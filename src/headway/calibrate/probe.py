@@ -142,9 +142,25 @@ async def _one(
         "ignore_eos": True, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
     }).encode()  # fmt: skip
-    headers = {"Content-Type": "application/json"}
     await start.wait()
     timing = StreamTiming(prompt_tokens=len(prompt), sent_s=time.perf_counter())
+    try:
+        await _stream(session, url, body, timing)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        # The endpoint stopped answering mid-probe (it died, or hung past the read
+        # timeout): one line, not aiohttp's traceback.
+        what = str(error) or type(error).__name__
+        raise ProbeError(
+            f"{url} stopped answering a probe ({what}); is the server still up?"
+        ) from None
+    return timing
+
+
+async def _stream(
+    session: aiohttp.ClientSession, url: str, body: bytes, timing: StreamTiming
+) -> None:
+    """Send one probe and time each content chunk into ``timing``."""
+    headers = {"Content-Type": "application/json"}
     times = timing.token_times_s
     clock = time.perf_counter
     async with session.post(url, data=body, headers=headers) as resp:
@@ -168,7 +184,6 @@ async def _one(
             if usage:
                 timing.usage_prompt_tokens = usage.get("prompt_tokens")
                 timing.usage_completion_tokens = usage.get("completion_tokens")
-    return timing
 
 
 async def run_probes(

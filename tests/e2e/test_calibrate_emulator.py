@@ -4,10 +4,12 @@ cluster file it writes, and a host that slows down mid-run fails it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -328,3 +330,82 @@ def test_simulated_ttft_includes_the_per_request_cost(
     ttft = json.loads(capsys.readouterr().out)["latencies"]["ttft"]
     # one step of a 500-token prompt is 35 ms; the per-request cost comes on top
     assert 0.4 < ttft["p50_s"] < 0.5, ttft
+
+
+class _DropFirstProbe:
+    """A loopback TCP proxy to ``upstream`` that closes the connection carrying the first
+    ``POST /v1/completions`` without answering it: what a client sees when it reuses a
+    keep-alive connection that the server closed while it idled."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urllib.parse.urlsplit(upstream)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.dropped = 0
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the proxy did not start"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+        server.close()
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.run_until_complete(server.wait_closed())
+        self.loop.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, first: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if first and not self.dropped and data.startswith(b"POST /v1/completions"):
+                        self.dropped += 1
+                        break
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                for w in (writer, up_writer):
+                    w.close()
+
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_a_probe_on_a_connection_the_server_closed_is_sent_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server closing a pooled connection before answering (uvicorn closes idle ones
+    after 5 s, and a long probe leaves the others idle) made calibrate fail on a loaded
+    CI host; the probe is now sent again, once, on a fresh connection."""
+    out = tmp_path / "profile.json"
+    with EmulatorProcess(["--speedup", "4"]) as emu:
+        proxy = _DropFirstProbe(emu.url)
+        try:
+            code = main(["calibrate", "--target", proxy.url, "--out", str(out), "--json",
+                         "--rounds", "1", "--max-drift", "100",
+                         "--max-ci-impact", "100"])  # fmt: skip
+        finally:
+            proxy.close()
+    err = capsys.readouterr().err
+    assert proxy.dropped == 1
+    assert code == 0, err
+    assert out.exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -90,14 +91,18 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
     assert settings.num_gpu_blocks is not None and settings.num_gpu_blocks > 100
     assert settings.sources["num_gpu_blocks"] == "metrics"
     assert settings.max_num_batched_tokens == 2048
-    assert profile.fit.problems == [] and len(profile.fit.reference_step_s) == 4
+    # A reference step per round and one at the end (4), less those a loaded host
+    # disturbed (left out, as the fit leaves them out), each an engine's step.
+    steps_s = profile.fit.reference_step_s
+    assert profile.fit.problems == [] and 2 <= len(steps_s) <= 4, steps_s
+    assert all(s > 1e-4 for s in steps_s), steps_s
     for name, p in profile.fit.parameters.items():
         assert p.ci_low <= p.value <= p.ci_high, name
     step = profile.step_time
     # A decode step of the reference's 4 sequences is the fixed cost plus a little: the
     # fitted fixed cost is most of the measured step (a CPU step: ~10 ms to ~0.3 s).
-    reference_s = sorted(profile.fit.reference_step_s)[1:3]
-    assert 0.3 * min(reference_s) < step.overhead_s < 1.5 * max(reference_s)
+    reference_s = statistics.median(steps_s)
+    assert 0.3 * reference_s < step.overhead_s < 1.5 * reference_s
     assert step.per_prefill_seq_s >= 0.0
 
     cluster = yaml.safe_load((tmp_path / "profile.cluster.yaml").read_text(encoding="utf-8"))

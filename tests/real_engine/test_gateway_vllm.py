@@ -111,6 +111,16 @@ def _served(gateway: str, upstream: str) -> float:
     return _value(text, "headway_gateway_upstream_ttft_seconds_count", f'upstream="{upstream}"')
 
 
+def _all_ready(gateway: str, urls: list[str]) -> None:
+    """Wait until the gateway routes to every upstream: a test that holds one slot on each
+    must not start while a loaded host still has one readiness probe under way."""
+    _until(
+        lambda: _value(_metrics(gateway), "headway_gateway_upstream_ready") == len(urls),
+        120,
+        "the gateway never had every upstream ready",
+    )
+
+
 def _post(url: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
     request = urllib.request.Request(
         f"{url}{path}", json.dumps(body).encode(),
@@ -253,6 +263,7 @@ def test_burst_sheds_with_computed_retry_after_and_its_ticket_succeeds(
         _client(gw.url) as client,
         concurrent.futures.ThreadPoolExecutor(16) as pool,
     ):
+        _all_ready(gw.url, urls)
         holders = [_open(gw.url, stream=True, max_tokens=1500) for _ in range(2)]
         try:
             _until(lambda: engines_busy(urls) == 2, 30, "the holders never ran")
@@ -313,6 +324,7 @@ def test_disconnects_free_the_engine(
     _idle(urls)
     depth = "headway_gateway_queue_depth_requests"
     with GatewayProcess(_config(urls, slots_per_upstream=1)) as gw:
+        _all_ready(gw.url, urls)
         holders = [_open(gw.url, stream=True, max_tokens=400) for _ in range(2)]
         try:
             _until(lambda: engines_busy(urls) == 2, 30, "the holders never ran")

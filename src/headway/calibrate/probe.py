@@ -143,16 +143,27 @@ async def _one(
         "stream_options": {"include_usage": True},
     }).encode()  # fmt: skip
     await start.wait()
-    timing = StreamTiming(prompt_tokens=len(prompt), sent_s=time.perf_counter())
-    try:
-        await _stream(session, url, body, timing)
-    except (aiohttp.ClientError, TimeoutError) as error:
-        # The endpoint stopped answering mid-probe (it died, or hung past the read
-        # timeout): one line, not aiohttp's traceback.
-        what = str(error) or type(error).__name__
-        raise ProbeError(
-            f"{url} stopped answering a probe ({what}); is the server still up?"
-        ) from None
+    for attempt in range(2):
+        timing = StreamTiming(prompt_tokens=len(prompt), sent_s=time.perf_counter())
+        try:
+            await _stream(session, url, body, timing)
+        except aiohttp.ServerDisconnectedError:
+            # A pooled connection the server closed while it idled (uvicorn's keep-alive
+            # timeout is 5 s; a long probe leaves the others idle that long): send again
+            # on a fresh one, once, if nothing came back on this one.
+            if attempt == 0 and not timing.token_times_s:
+                continue
+            raise ProbeError(
+                f"{url} closed the connection during a probe; is the server still up?"
+            ) from None
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # The endpoint stopped answering mid-probe (it died, or hung past the read
+            # timeout): one line, not aiohttp's traceback.
+            what = str(error) or type(error).__name__
+            raise ProbeError(
+                f"{url} stopped answering a probe ({what}); is the server still up?"
+            ) from None
+        break
     return timing
 
 

@@ -47,11 +47,16 @@ DEFAULT_LIMITS = TrustLimits()
 
 def reference_drift(probes: Sequence[ProbeSamples]) -> tuple[list[float], float]:
     """The reference probe's median step times in the order they ran, and the largest
-    relative change from the first (0 with fewer than two)."""
+    relative change from the first (0 with fewer than two). A reference probe the fit
+    left out (its steps scattered, or its tokens came in bursts) measured the host's
+    disturbance, not the engine's speed: it is left out here too."""
     steps = [
         p.typical_gap_s
         for p in probes
-        if p.shape.kind == "reference" and p.typical_gap_s is not None and p.typical_gap_s > 0
+        if p.shape.kind == "reference"
+        and not p.discarded
+        and p.typical_gap_s is not None
+        and p.typical_gap_s > 0
     ]
     if len(steps) < 2:
         return steps, 0.0

@@ -144,3 +144,22 @@ def test_streams_that_never_decode_together_give_no_segment() -> None:
     late = StreamTiming(prompt_tokens=128, sent_s=0.0, token_times_s=[2.0, 2.1, 2.2, 2.3])
     (probe,) = probe_samples([ProbeResult(shape=shape, streams=[early, late])], DEFAULT_PLAN, 1.0)
     assert probe.gaps == [] and probe.typical_gap_s is None
+
+
+def test_tokens_read_in_one_burst_are_not_a_step_and_not_a_reference() -> None:
+    """A client that could not read for a while (a loaded host) gets a run of tokens in
+    one read, microseconds apart: that probe timed the client, not the engine. The fit
+    leaves it out, and so does the drift check (a loaded CI host once measured a 6.7 µs
+    reference step, a drift of -100%)."""
+    shape = ProbeShape(kind="reference", prompt_tokens=128, concurrency=1, output_tokens=40)
+
+    def stream(gap_s: float) -> StreamTiming:
+        times = [1.0 + i * gap_s for i in range(40)]
+        return StreamTiming(prompt_tokens=128, sent_s=0.9, token_times_s=times)
+
+    results = [ProbeResult(shape=shape, streams=[stream(g)]) for g in (0.02, 7e-6, 0.021)]
+    probes = probe_samples(results, DEFAULT_PLAN, 1.0)
+    assert [p.discarded for p in probes] == [False, True, False]
+    assert probes[1].gaps == []
+    steps, drift = reference_drift(probes)
+    assert steps == pytest.approx([0.02, 0.021]) and drift == pytest.approx(0.05)

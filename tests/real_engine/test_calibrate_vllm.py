@@ -92,9 +92,10 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
     assert settings.sources["num_gpu_blocks"] == "metrics"
     assert settings.max_num_batched_tokens == 2048
     # A reference step per round and one at the end (4), less those a loaded host
-    # disturbed (left out, as the fit leaves them out), each an engine's step.
+    # disturbed (left out, as the fit leaves them out; calibrate warns when fewer than
+    # two remain for the drift check), each an engine's step.
     steps_s = profile.fit.reference_step_s
-    assert profile.fit.problems == [] and 2 <= len(steps_s) <= 4, steps_s
+    assert profile.fit.problems == [] and 1 <= len(steps_s) <= 4, steps_s
     assert all(s > 1e-4 for s in steps_s), steps_s
     for name, p in profile.fit.parameters.items():
         assert p.ci_low <= p.value <= p.ci_high, name

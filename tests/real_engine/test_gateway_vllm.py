@@ -121,6 +121,20 @@ def _all_ready(gateway: str, urls: list[str]) -> None:
     )
 
 
+def _queued_since_close(gateway: str, closed: float, within_s: float = 5.0) -> float:
+    """Scrape the gateway's queue depth until it is 0; the latest start, after
+    ``closed``, of a scrape that still found a call queued (0 when none did)."""
+    depth = "headway_gateway_queue_depth_requests"
+    still_s = 0.0
+    while True:
+        begun = time.monotonic()
+        if _value(_metrics(gateway), depth) == 0:
+            return still_s
+        still_s = max(still_s, begun - closed)
+        assert begun - closed < within_s, "still queued"
+        time.sleep(0.01)
+
+
 def _post(url: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
     request = urllib.request.Request(
         f"{url}{path}", json.dumps(body).encode(),
@@ -333,13 +347,16 @@ def test_disconnects_free_the_engine(
                 _until(lambda: _value(_metrics(gw.url), depth) == 1, 10, "never queued")
                 closed = time.monotonic()
                 queued.close()
-                _until(lambda: _value(_metrics(gw.url), depth) == 0, 5, "still queued")
-                left_s = time.monotonic() - closed
+                still_s = _queued_since_close(gw.url, closed)
                 _report(
                     request,
-                    f"queued, {'streamed' if stream else 'not streamed'}: left in {left_s:.3f} s",
+                    f"queued, {'streamed' if stream else 'not streamed'}: last seen queued "
+                    f"by a scrape begun {still_s:.3f} s after the close",
                 )
-                assert left_s <= 0.1
+                # A loaded host stretches each scrape itself (0.4 s once on 2 busy cores):
+                # what must not happen is a scrape begun 100 ms after the close still
+                # finding the call in the line.
+                assert still_s <= 0.1
                 assert engines_busy(urls) == 2  # it never reached an engine
         finally:
             for h in holders:

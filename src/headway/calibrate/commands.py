@@ -194,6 +194,14 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"assumed {plan.max_num_batched_tokens}; give --max-num-batched-tokens as the "
             "engine was started\n"
         )
+    references = plan.rounds + 1  # one opens every round, one closes the run
+    measured = len(profile.fit.reference_step_s)
+    if measured < 2 <= references:
+        sys.stderr.write(
+            f"headway: warning: {measured} of {references} reference probes could be "
+            "timed (the others were disturbed: a busy client or machine), so the drift "
+            "check did not run; rerun on a quiet machine\n"
+        )
     if profile.fit.rms_relative_error > _POOR_FIT:
         sys.stderr.write(
             f"headway: warning: the fit is poor (rms error "

@@ -70,7 +70,8 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
             "--decode-output-tokens", "30", "--max-num-batched-tokens", "2048"]  # fmt: skip
     code = main(args)
     captured = capsys.readouterr()
-    if code != 0:
+    trusted = code == 0
+    if not trusted:
         # The trust checks at their defaults (15% drift, 25% interval impact) hold on a
         # quiet host; this tiny model's ~12 ms CPU step on a shared two-core CI machine moves
         # 20-60% between probes a second apart. Then the refusal must be the designed one
@@ -100,11 +101,15 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
     for name, p in profile.fit.parameters.items():
         assert p.ci_low <= p.value <= p.ci_high, name
     step = profile.step_time
-    # A decode step of the reference's 4 sequences is the fixed cost plus a little: the
-    # fitted fixed cost is most of the measured step (a CPU step: ~10 ms to ~0.3 s).
-    reference_s = statistics.median(steps_s)
-    assert 0.3 * reference_s < step.overhead_s < 1.5 * reference_s
     assert step.per_prefill_seq_s >= 0.0
+    if trusted:
+        # A decode step of the reference's 4 sequences is the fixed cost plus a little:
+        # the fitted fixed cost is most of the measured step (a CPU step: ~10 ms to
+        # ~0.3 s). Only a trusted fit says so: on two saturated cores the reference
+        # steps (336 ms once) and the fit's other probes (32 ms overhead) were disturbed
+        # unalike, which is what the trust checks refused.
+        reference_s = statistics.median(steps_s)
+        assert 0.3 * reference_s < step.overhead_s < 1.5 * reference_s
 
     cluster = yaml.safe_load((tmp_path / "profile.cluster.yaml").read_text(encoding="utf-8"))
     assert cluster["engine"]["block_size"] == 128

@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from headway.cli import main
 from headway.emulate.parity import emulator_lag_max_s
 from headway.emulate.process import EmulatorProcess
 from headway.loopback import free_port
+from headway.sim.cluster import measured_engine, parse_cluster
 
 MAX_LAG_S = 0.03
 """Wall seconds the emulator may fall behind real time for its timings to be the model's."""
@@ -124,6 +126,10 @@ def test_calibration_recovers_the_emulator_parameters(
     assert written["profile"] == "profile.json"
     assert written["num_kv_blocks"] == scheduler["num_kv_blocks"]
     assert written["engine"]["block_size"] == 32 and written["engine"]["max_num_seqs"] == 64
+    # Loaded, the cluster names the engine the profile measured (plans name replicas by it).
+    loaded = parse_cluster(written, str(cluster))
+    assert loaded.step_time == "profile" and loaded.profile == profile.step_time
+    assert loaded.profile_of == measured_engine(profile) and profile.model in loaded.profile_of
 
     # The profile drives the simulator (the cluster file naming it) and the emulator.
     workload = tmp_path / "w.yaml"
@@ -236,27 +242,34 @@ def _finished_requests(url: str) -> float:
     )
 
 
-def _slow_down_after(url: str, requests: int, factor: float, done: threading.Event) -> None:
-    """Once ``requests`` requests have finished, make every step ``factor`` × slower."""
+def _after_requests(
+    url: str, requests: int, act: Callable[[], object], done: threading.Event
+) -> None:
+    """Once ``requests`` requests have finished on the emulator at ``url``, ``act()``."""
     deadline = time.monotonic() + 120
     while not done.is_set() and time.monotonic() < deadline:
         if _finished_requests(url) >= requests:
-            body = json.dumps({"slowdown_factor": factor}).encode()
-            post = urllib.request.Request(f"{url}/admin/faults", data=body, method="POST",
-                                          headers={"Content-Type": "application/json"})  # fmt: skip
-            with urllib.request.urlopen(post, timeout=10):
-                return
+            act()
+            return
         done.wait(0.02)  # the condition is the emulator's count: look again shortly
+
+
+def _slow_down_after(url: str, requests: int, factor: float, done: threading.Event) -> None:
+    """Once ``requests`` requests have finished, make every step ``factor`` × slower."""
+
+    def slow_down() -> None:
+        body = json.dumps({"slowdown_factor": factor}).encode()
+        post = urllib.request.Request(f"{url}/admin/faults", data=body, method="POST",
+                                      headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(post, timeout=10):
+            pass
+
+    _after_requests(url, requests, slow_down, done)
 
 
 def _stop_after(emu: EmulatorProcess, requests: int, done: threading.Event) -> None:
     """Once ``requests`` requests have finished, stop the emulator (a server that dies)."""
-    deadline = time.monotonic() + 120
-    while not done.is_set() and time.monotonic() < deadline:
-        if _finished_requests(emu.url) >= requests:
-            emu.stop()
-            return
-        done.wait(0.02)  # the condition is the emulator's count: look again shortly
+    _after_requests(emu.url, requests, emu.stop, done)
 
 
 def test_a_server_that_dies_mid_calibration_is_one_line_and_exit_1(

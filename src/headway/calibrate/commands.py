@@ -196,7 +196,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         )
     references = plan.rounds + 1  # one opens every round, one closes the run
     measured = len(profile.fit.reference_step_s)
-    if measured < 2 <= references:
+    if measured < 2:
         sys.stderr.write(
             f"headway: warning: {measured} of {references} reference probes could be "
             "timed (the others were disturbed: a busy client or machine), so the drift "

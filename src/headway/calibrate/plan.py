@@ -119,12 +119,12 @@ class ProbePlan:
         return _fitting(self.decode_prompt_tokens, self.decode_output_tokens, max_model_len)
 
     def unidentified(self, max_model_len: int | None = None) -> tuple[str, str] | None:
-        """The flag and why a fit of this plan's probes could not separate the decode coefficients
-        (None: it can). Non-negative least squares does not fail on such a grid: it sets
-        one of two indistinguishable costs to 0, and the model comes out optimistic for
-        every batch unlike the probes (a single decode context fitted
+        """The flag and why a fit of this plan's probes could not separate the decode
+        coefficients (None: it can). Non-negative least squares does not fail on such a
+        grid: it sets one of two indistinguishable costs to 0, and the model comes out
+        optimistic for every batch unlike the probes (a single decode context fitted
         ``per_decode_kv_token_s = 0`` against vLLM and under-predicted its decode steps
-        at 2× the context by 20%)."""
+        under load, at about twice the probes' context, by 17%)."""
         contexts = self.decode_contexts(max_model_len)
         fits = "" if max_model_len is None else f" that fit max_model_len {max_model_len}"
         if len(contexts) < 2:

@@ -53,10 +53,7 @@ def reference_drift(probes: Sequence[ProbeSamples]) -> tuple[list[float], float]
     steps = [
         p.typical_gap_s
         for p in probes
-        if p.shape.kind == "reference"
-        and not p.discarded
-        and p.typical_gap_s is not None
-        and p.typical_gap_s > 0
+        if p.shape.kind == "reference" and not p.discarded and p.typical_gap_s is not None
     ]
     if len(steps) < 2:
         return steps, 0.0

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -243,9 +243,14 @@ def _with_profile_file(data: dict[str, object], source: str) -> dict[str, object
     path = Path(raw)
     if not path.is_absolute() and not source.startswith("<"):
         path = Path(source).parent / path
-    profile = read_profile(path)
-    return {"step_time": "profile", "profile_of": measured_engine(profile), **data,
-            "profile": msgspec.to_builtins(profile.step_time)}  # fmt: skip
+    fields = _profile_fields(read_profile(path))
+    return {**fields, **data, "profile": msgspec.to_builtins(fields["profile"])}
+
+
+def _profile_fields(profile: Profile) -> dict[str, Any]:
+    """The cluster fields a calibrated profile sets."""
+    return {"step_time": "profile", "profile": profile.step_time,
+            "profile_of": measured_engine(profile)}  # fmt: skip
 
 
 def measured_engine(profile: Profile) -> str:
@@ -279,7 +284,4 @@ def replicas_needed_hint(tokens_per_s: float, per_replica_tokens_per_s: float) -
 def with_profile(spec: ClusterSpec, path: Path) -> ClusterSpec:
     """``spec`` predicting step times from the profile file at ``path`` (``--profile``,
     what ``headway calibrate`` writes) instead of its own step-time model."""
-    profile = read_profile(path)
-    return msgspec.structs.replace(
-        spec, step_time="profile", profile=profile.step_time, profile_of=measured_engine(profile)
-    )
+    return msgspec.structs.replace(spec, **_profile_fields(read_profile(path)))

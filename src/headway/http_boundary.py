@@ -55,8 +55,9 @@ and discarded for at most this long, so that the client reads the answer instead
 reset."""
 
 _PEER_CHECKS_S: Final = (0.002, 0.02, 0.1, 0.5, 2.0)
-"""When, after a half-close, the peer's state is read (its reset to the interim answer
-comes within a round trip)."""
+"""When, after a half-close, the peer's state is read again (its reset to the interim
+answer comes within a round trip: on loopback before the write returns, when it is read
+first)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,14 +109,6 @@ def _parser_refusal(exc: BaseException) -> tuple[int, str, str]:
         "value or body framing); fix the client's request",
         "bad_request",
     )
-
-
-_KEEP_HALF_CLOSED: Final = False
-"""Answer a client that half-closed after its request (issue 15, defect 8). Off: with it
-on, a client that really left was told apart only by the TCP state checks, which took
-0.8-1.3 s for the drill's aiohttp clients instead of the ~3 ms seen with raw sockets, so
-the cancel-half drill's 100 ms abort bound failed. Until the checks tell the two apart
-within that bound, a FIN cancels the request, as aiohttp does."""
 
 
 def _peer_still_reads(transport: asyncio.BaseTransport) -> bool:
@@ -188,10 +181,12 @@ class _Protocol(RequestHandler):
         transport = self.transport
         if transport is None or self._refused or not self._answer_pending():
             return None
-        if not _KEEP_HALF_CLOSED:
-            return None  # a FIN is a disconnect: cancel at once (see _KEEP_HALF_CLOSED)
         self.close()  # no keep-alive after this answer: the client sends nothing more
         transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # RFC 9110: clients read 1xx
+        if not _peer_still_reads(transport):
+            # On loopback the reset of a peer that left is in before the write returns:
+            # close now, as for any FIN, so its call is cancelled without delay.
+            return None
         self._loop.call_later(_PEER_CHECKS_S[0], self._check_peer, 0)
         return True
 

@@ -264,11 +264,6 @@ def test_the_connection_bound_answers_503(emulator: EmulatorProcess) -> None:
         assert _status(answer)[1] == 200, answer[:300]
 
 
-@pytest.mark.xfail(
-    reason="issue 15 defect 8, half-close: switched off (http_boundary._KEEP_HALF_CLOSED) "
-    "because telling a half-close from a disconnect delayed cancellation past 100 ms",
-    strict=True,
-)
 @pytest.mark.parametrize("server", ["gateway", "emulator"])
 def test_a_client_that_half_closes_after_its_request_gets_the_answer(
     server: str, request: pytest.FixtureRequest

@@ -77,7 +77,8 @@ class LoadRun:
         self.calls: list[Call] = []
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.in_flight: set[int] = set()
-        """Calls sent and not ended (the ones a ``cancel_in_flight`` fault may abandon)."""
+        """Calls with an attempt on the wire (the ones a ``cancel_in_flight`` fault may
+        abandon); not one waiting to retry, which no gateway holds."""
         self.started_s = 0.0
         self.on_tick: Callable[[], None] | None = None
 
@@ -154,15 +155,16 @@ class LoadRun:
     async def _call(self, session: aiohttp.ClientSession, call: Call, body: bytes) -> None:
         spec = self.spec
         ticket = ""
-        self.in_flight.add(call.index)
         try:
             async with asyncio.timeout(spec.timeout_s):
                 while True:
                     call.attempts += 1
+                    self.in_flight.add(call.index)
                     try:
                         await self._attempt(session, call, body, ticket)
                         return
                     except _Shed as shed:
+                        self.in_flight.discard(call.index)
                         call.shed_attempts += 1
                         call.status, call.reason = shed.status, shed.reason
                         call.retry_after_s = shed.retry_after_s

@@ -149,33 +149,87 @@ def _delta(after: list[Metrics], before: list[Metrics], name: str, **labels: str
     )
 
 
+_CANCEL_SETTLE_S: Final = 0.5
+"""A cancelled call the gateways have not counted after this never reached one, or had
+its whole answer sent (the client left with it in transit): neither holds an engine."""
+
+
+def _engines_hold_more(
+    gateways: list[Metrics], engines: list[Metrics], urls: list[str]
+) -> bool | None:
+    """Whether an engine runs more requests than the gateways have outstanding with it: a
+    slot (and its KV blocks) held for a client that left. (Its waiting requests hold
+    neither, and one of them may be a gateway's health probe.) None
+    when no engine is one of the gateways' upstreams by URL (a remote stack named its
+    engines otherwise)."""
+    outstanding: dict[str, float] = {}
+    for metrics in gateways:
+        for url, count in metrics.by("headway_gateway_upstream_outstanding_requests",
+                                     "upstream").items():  # fmt: skip
+            outstanding[url.rstrip("/")] = outstanding.get(url.rstrip("/"), 0.0) + count
+    held = [
+        (m.total("vllm:num_requests_running"), u)
+        for m, u in zip(engines, urls, strict=True)
+        if u.rstrip("/") in outstanding
+    ]
+    if not held:
+        return None
+    return any(count > outstanding[url.rstrip("/")] for count, url in held)
+
+
 async def _cancel_and_time(
     load: LoadRun, fault: Fault, stack: Stack, session: aiohttp.ClientSession
 ) -> dict[str, float]:
-    """Abandon a share of the calls in flight; how long until the engines aborted every
-    one the gateways had sent on (``cancel_free_s``)."""
+    """Abandon a share of the calls in flight; how long until no engine holds one of them
+    (``cancel_free_s``).
+
+    Done when the gateways counted every cancelled call (or their counts stood still for
+    :data:`_CANCEL_SETTLE_S`: the rest never reached a gateway or had been answered) and
+    no engine holds more requests than the gateways have outstanding with it; the time is
+    the first sample, since the counts last moved, where that holds: an engine runs no
+    more requests than the gateways have outstanding with it. (A call cancelled
+    between its dispatch and the engine's receipt, or as its engine finished it, is never
+    aborted: an engine's abort count cannot be matched to the gateways' in-flight
+    cancellations, so it is used only when the engines are not known by their upstream
+    URLs.)"""
     engines_before = await scrape_all(session, stack.engine_urls)
     gw_start = await _gateway_metrics(session, stack)
     started = time.monotonic()
     cancelled = load.cancel_in_flight(float(fault.params.get("fraction", 0.5)))
+    name = "headway_gateway_cancellations_total"
     freed_s = math.inf
-    in_flight = 0.0
+    seen = in_flight = 0.0
+    counts: tuple[float, float] = (-1.0, -1.0)
+    changed_s, agreed_s = 0.0, math.inf
     while time.monotonic() - started < 5.0:
         gw_now = await _gateway_metrics(session, stack)
-        name = "headway_gateway_cancellations_total"
         seen = _delta(gw_now, gw_start, name)
         in_flight = _delta(gw_now, gw_start, name, stage="in_flight")
         engines_now = await scrape_all(session, stack.engine_urls)
-        aborts = _delta(
-            engines_now, engines_before, "vllm:request_success_total", finished_reason="abort"
-        )
-        if seen >= len(cancelled) and aborts >= in_flight:
-            freed_s = time.monotonic() - started
-            break
+        now_s = time.monotonic() - started
+        holding = _engines_hold_more(gw_now, engines_now, stack.engine_urls)
+        if holding is None:
+            aborts = _delta(engines_now, engines_before, "vllm:request_success_total",
+                            finished_reason="abort")  # fmt: skip
+            holding = aborts < in_flight
+        if (seen, in_flight) != counts:
+            counts, changed_s, agreed_s = (seen, in_flight), now_s, math.inf
+        if holding:
+            agreed_s = math.inf
+        elif math.isinf(agreed_s):
+            agreed_s = now_s  # the first sample, since the counts last moved, that agrees
+        if not math.isinf(agreed_s):
+            if seen >= len(cancelled):
+                freed_s = now_s
+                break
+            if now_s - changed_s >= _CANCEL_SETTLE_S:
+                freed_s = agreed_s
+                break
         await asyncio.sleep(0.005)
     return {
         "cancelled_calls": float(len(cancelled)),
         "cancelled_in_flight": in_flight,
+        "cancelled_unseen": float(len(cancelled)) - seen,
         "cancel_free_s": freed_s,
     }
 
@@ -286,14 +340,16 @@ async def run_drill(
             if isinstance(outcome, dict):
                 figures.update(outcome)
         # Let the engines finish what the gateways sent, then read the counters.
+        # The scrape that found them idle is the one kept: a later one may catch the
+        # gateways' health probes, which start on every engine at once.
         settle_end = time.monotonic() + drill.settle_s
-        while time.monotonic() < settle_end:
-            engines = await scrape_all(session, stack.engine_urls)
-            if sum(m.total("vllm:num_requests_running") for m in engines) == 0:
+        while True:
+            eng_after = await scrape_all(session, stack.engine_urls)
+            idle = sum(m.total("vllm:num_requests_running") for m in eng_after) == 0
+            if idle or time.monotonic() >= settle_end:
                 break
             await asyncio.sleep(0.1)
         gw_after = await _gateway_metrics(session, stack)
-        eng_after = await scrape_all(session, stack.engine_urls)
         versions = await asyncio.gather(*(_version(session, u) for u in stack.engine_urls))
         if versions:
             figures["serving_fingerprints_distinct"] = float(len(set(versions)))

@@ -138,10 +138,6 @@ class LocalStack:
             "slots_per_upstream": spec.max_num_seqs,
             "admin_token": ADMIN_TOKEN,
             "eject_s": 2.0,
-            # The pre-2026-12 default: with the new default (1 per 16 slots: none at these
-            # slot counts) cancel-half's aborts took 0.8 s in about half the runs, not
-            # ~30 ms; open in issue 14's note (defect 6) until the cause is found.
-            "queues": {"critical_reserved_slots": 2},
             "shutdown_timeout_s": 5.0,
             "retries": {"max_attempts": 3, "backoff_base_s": 0.0, "backoff_max_s": 0.2},
         }

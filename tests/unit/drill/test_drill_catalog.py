@@ -24,7 +24,7 @@ FAULT_FIGURES = {
     "excluded_within_s", "cancel_free_s", "cancelled_calls", "cancelled_in_flight",
     "longest_drain_s", "reload_failures", "reload_needs_restart",
     "serving_fingerprints_distinct", "upstreams_ready_after", "engine_kv_usage_after",
-    "faulted_ttft_ratio", "faulted_share", "budget_sheds_after_return",
+    "faulted_ttft_ratio", "faulted_share", "budget_sheds_after_return", "cancelled_unseen",
 }  # fmt: skip
 """Figures measured beside :data:`FIGURES`: by fault actions and the runner's extras."""
 

@@ -5,9 +5,10 @@ Two vLLM servers (the real-engine tier's CPU build and tiny model, seeds 0 and 1
 ``--upstream URL`` twice for running ones) behind one gateway. Each trial sends a long
 chat call through the gateway on a raw socket, waits until vLLM's
 ``vllm:num_requests_running`` shows it (a stream: until three tokens arrived), closes the
-socket and polls both engines' ``/metrics`` every 4 ms until the gauge is back at 0
-(:mod:`headway.realengine.slot_release`). Trials alternate streamed and not; with
-``--direct`` the same trials go to a vLLM without the gateway (the engine's own floor).
+socket and polls the holding engine's ``/metrics`` every 20 ms until the gauge is back at
+0 (:mod:`headway.realengine.slot_release`, which says why the poll is sparse). Trials
+alternate streamed and not; with ``--direct`` the same trials go to a vLLM without the
+gateway (the engine's own floor).
 
 The figure's floor is the engine's step: vLLM 0.32 applies an abort when the step under
 way ends (``EngineCore.step``: ``_process_aborts_queue`` after ``execute_model``), and the

@@ -73,9 +73,6 @@ class RequestRecord:
     relayed: bool = False
     """Every byte of a streamed answer went out (only the closing chunk may be missing):
     a client that leaves now has the whole answer, and the request counts as completed."""
-    upstream_ended: bool = False
-    """The upstream had sent its whole answer (the engine was done with the request) when
-    the attempt ended: a client that left then cut only the relay, nothing to abort."""
     prompt: bytes | None = None
     """The request body, kept only with ``log_content: true``."""
     completion: list[bytes] | None = None

@@ -322,8 +322,7 @@ class GatewayServer:
         )
         self.m_cancelled = reg.counter(
             "headway_gateway_cancellations_total",
-            "Client disconnects, by stage (queued; in_flight: an engine held it; answered: "
-            "the engine had sent its whole answer, the relay was cut) and mode.",
+            "Client disconnects, by stage (queued, in_flight) and mode.",
             ["stage", "mode"],
         )
         self.m_retries = reg.counter(
@@ -683,8 +682,6 @@ class GatewayServer:
             if record.relayed:  # it left with the whole answer, before the closing chunk
                 completed, completion_tokens = True, record.tokens_out
             else:
-                if stage == "in_flight" and record.upstream_ended:
-                    stage = "answered"  # the engine was done: only the relay was cut
                 self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
             raise
         finally:
@@ -758,7 +755,6 @@ class GatewayServer:
                         failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
                         last = (502, _UPSTREAM_FAILED, "application/json")
                     finally:
-                        record.upstream_ended = resp.content.is_eof()
                         resp.close()
             lease.phase = Phase.UNSENT  # the engine failed it before any output
             self.m_upstream_errors.inc(upstream.url)
@@ -867,8 +863,7 @@ class GatewayServer:
             await out.write_eof()
         except ConnectionResetError:  # the client went away between two events
             if not record.relayed:
-                stage = "answered" if resp.content.is_eof() else "in_flight"
-                self.m_cancelled.inc(stage, "stream")
+                self.m_cancelled.inc("in_flight", "stream")
                 record.cancelled = True
                 return out, None, False
         except (aiohttp.ClientError, OSError) as error:

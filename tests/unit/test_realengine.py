@@ -42,4 +42,5 @@ def test_a_server_that_dies_raises_with_its_log(tmp_path: Path) -> None:
     assert command[command.index("--seed") + 1] == "3"
     env = server.environment()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # no spinning on the frontend's cores
     assert server.stop() == 1

@@ -68,7 +68,12 @@ def test_bench_counts_streamed_chunks_without_text(vllm_server: VllmServer, tmp_
     r = run.records
     assert (r.error == OK).all() and r.usage.all()
     assert (r.completion_tokens == 100).all()
-    assert np.array_equal(r.token_events, r.completion_tokens)
+    # One event per token, but vLLM merges the deltas of steps its API server has not yet
+    # sent into one chunk (RequestOutputCollector.put, aggregate in DELTA mode): a call
+    # may come out a token or two short when the engine outpaces the frontend (CI,
+    # 2026-12-02: 99 of 100 once). The empty-content chunks (~2%) are all counted.
+    assert (r.token_events <= r.completion_tokens).all()
+    assert (r.token_events >= r.completion_tokens - 2).all(), r.token_events
 
 
 def test_bench_replays_a_trace_and_writes_what_it_sent(

@@ -159,22 +159,22 @@ def _engines_hold_more(
 ) -> bool | None:
     """Whether an engine runs more requests than the gateways have outstanding with it: a
     slot (and its KV blocks) held for a client that left. (Its waiting requests hold
-    neither, and one of them may be a gateway's health probe.) None
-    when no engine is one of the gateways' upstreams by URL (a remote stack named its
-    engines otherwise)."""
+    neither, and one of them may be a gateway's health probe.) None when no engine is one
+    of the gateways' upstreams by URL (a remote stack named its engines otherwise)."""
     outstanding: dict[str, float] = {}
     for metrics in gateways:
         for url, count in metrics.by("headway_gateway_upstream_outstanding_requests",
                                      "upstream").items():  # fmt: skip
-            outstanding[url.rstrip("/")] = outstanding.get(url.rstrip("/"), 0.0) + count
+            key = url.rstrip("/")
+            outstanding[key] = outstanding.get(key, 0.0) + count
     held = [
-        (m.total("vllm:num_requests_running"), u)
-        for m, u in zip(engines, urls, strict=True)
-        if u.rstrip("/") in outstanding
+        (m.total("vllm:num_requests_running"), outstanding[key])
+        for m, key in zip(engines, (u.rstrip("/") for u in urls), strict=True)
+        if key in outstanding
     ]
     if not held:
         return None
-    return any(count > outstanding[url.rstrip("/")] for count, url in held)
+    return any(running > sent for running, sent in held)
 
 
 async def _cancel_and_time(
@@ -185,9 +185,8 @@ async def _cancel_and_time(
 
     Done when the gateways counted every cancelled call (or their counts stood still for
     :data:`_CANCEL_SETTLE_S`: the rest never reached a gateway or had been answered) and
-    no engine holds more requests than the gateways have outstanding with it; the time is
-    the first sample, since the counts last moved, where that holds: an engine runs no
-    more requests than the gateways have outstanding with it. (A call cancelled
+    no engine runs more requests than the gateways have outstanding with it; the time is
+    the first sample, since the counts last moved, where that holds. (A call cancelled
     between its dispatch and the engine's receipt, or as its engine finished it, is never
     aborted: an engine's abort count cannot be matched to the gateways' in-flight
     cancellations, so it is used only when the engines are not known by their upstream

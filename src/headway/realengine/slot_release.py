@@ -134,7 +134,8 @@ def release_trial(
         deadline = time.monotonic() + 30.0
         while (itl := _itl(engine_urls))[1] < itl_before[1] + 3 and time.monotonic() < deadline:
             time.sleep(0.02)  # a few decode steps, to time them
-        holders = [u for u in engine_urls if _busy(u) > bases[u]]
+        # Poll only the engine that holds it; if none shows it now, all of them.
+        holders = [u for u in engine_urls if _busy(u) > bases[u]] or list(engine_urls)
     finally:
         closed = time.monotonic()
         conn.close()

@@ -20,6 +20,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -27,6 +28,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+import engine_hooks
 from headway.gateway.probe import DEFAULT_PROBE_PROMPT, token_ids_fingerprint
 from headway.gateway.process import GatewayProcess
 from headway.realengine.install import VllmVenv
@@ -505,3 +507,52 @@ def test_queue_exhaustion_drill_against_the_replicas(
     failed = [c for c in result.checks if not c.passed]
     assert result.status == "passed" and not failed, (result.detail, failed)
     _idle(urls)
+
+
+def test_kill_decode_drill_against_the_replicas(
+    replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """`headway drill kill-decode`'s checks through hooks (the drill's `--target`/`--hooks`
+    mode): the hook SIGKILLs the seed-1 replica's process group mid-decode and starts
+    vLLM again on its port; streams under way there are cut (at most its 4 slots), other
+    calls are served, nothing is lost, no 5xx, and the restarted replica passes its
+    token-id fingerprint probe and is back in rotation. Last in the module: the replica
+    the hooks restarted is theirs to stop."""
+    from headway.drill.catalog import DRILLS
+    from headway.drill.run import run_drill
+    from headway.drill.stack import TENANTS, RemoteStack, read_hooks
+
+    drill = DRILLS["kill-decode"]
+    # 160 tokens are 2-4 s of this engine's steps at 4 streams: 6 calls/s would outrun
+    # the 8 slots before the kill, and the one replica left for the ~40 s vLLM takes to
+    # restart builds a queue that a loaded host stretches past the calls' 30 s. 40 keep
+    # two or three streams on each replica when the kill comes.
+    drill = msgspec.structs.replace(drill, load=msgspec.structs.replace(drill.load, max_tokens=40))
+    urls = _urls(replicas)
+    _idle(urls)
+    state = tmp_path / "engines"
+    victim = replicas[1]
+    engine_hooks.record(state, 1, command=victim.command(), env=victim.environment(),
+                        log_path=victim.log_path, url=victim.url, pid=victim.pid)  # fmt: skip
+    # tpot_s: a step is 10-50 ms at a few streams with passive OpenMP threads (the
+    # module's 0.5 s predates them and would refuse every 40-token call as unmeetable).
+    config = _config(urls, tenants=dict(TENANTS), eject_s=2.0, tpot_s=0.05, pool={
+        "fingerprints": {f"r{n}": _fingerprint(u) for n, u in enumerate(urls)},
+        "probe_max_tokens": 2, "probe_interval_s": 1.0, "probe_deadline_s": 1.0,
+        "warmup_probes": 1})  # fmt: skip
+    config["upstreams"] = [{"url": u, "revision": f"r{n}"} for n, u in enumerate(urls)]
+    try:
+        with GatewayProcess(config) as gw:
+            _all_ready(gw.url, urls)
+            hooks = read_hooks(str(engine_hooks.hooks_file(state)))
+            stack = RemoteStack([gw.url], engine_urls=urls, api_keys=list(TENANTS), hooks=hooks)
+            result = asyncio.run(run_drill(drill, stack, seed=0))
+        took = {e["action"]: e["took_s"] for e in result.timeline}
+        _report(request, f"kill-decode on vLLM: {result.status} {result.detail} "
+                f"{result.figures} hooks took {took}")  # fmt: skip
+        failed = [c for c in result.checks if not c.passed]
+        assert result.status == "passed" and not failed, (result.detail, failed)
+        assert sorted(took) == ["kill_engine", "restart_engine"]
+        _idle(urls)
+    finally:
+        engine_hooks.stop_all(state)

@@ -47,9 +47,9 @@ ENGINES_IDLE = Expect(
     why="nothing is left running in an engine once the clients are gone",
 )
 ALL_READY = Expect(
-    figure="upstreams_ready_after",
+    figure="upstreams_not_ready_after",
     op="==",
-    value=3,
+    value=0,
     why="the faulted engine is back in rotation after its probes pass",
 )
 

@@ -48,6 +48,7 @@ FIGURES: Final[dict[str, str]] = {
     "offered_per_s": "calls offered per second of load",
     "served_per_s": "ok calls per second of load (the capacity, when overloaded)",
     "overload_factor": "offered / served: how far over capacity the load was",
+    "upstreams_not_ready_after": "upstreams a gateway does not route to at the end",
     "rss_growth": "gateway memory in the last third / the middle third of the run",
     "rss_peak_mb": "highest gateway memory sampled",
     "shared_budgets_unhealthy_samples": "samples where a gateway served on local shares",
@@ -273,6 +274,36 @@ async def _watch_exclusion(
     return {"excluded_within_s": math.inf}
 
 
+_READY_WAIT_S: Final = 60.0
+"""After its faults, how long a drill that expects every upstream back in rotation waits
+for the gateways to route to all of them (a restarted real engine loads its model, then
+passes the gateways' warm-up probes)."""
+
+
+def _not_ready(gateways: list[Metrics]) -> float:
+    """The most upstreams any gateway does not route to (its ``..._upstream_ready``
+    series that read 0)."""
+    return max(
+        (sum(1.0 for v in m.by("headway_gateway_upstream_ready", "upstream").values() if v < 1)
+         for m in gateways),
+        default=0.0,
+    )  # fmt: skip
+
+
+async def _wait_all_ready(stack: Stack, session: aiohttp.ClientSession, within_s: float) -> float:
+    """Seconds until every gateway routes to all its upstreams (inf past ``within_s``)."""
+    started = time.monotonic()
+    while True:
+        waited_s = time.monotonic() - started
+        gateways = await _gateway_metrics(session, stack)
+        read = all("headway_gateway_upstream_ready" in m.samples for m in gateways)
+        if read and _not_ready(gateways) == 0:  # (a failed scrape reads as no series)
+            return waited_s
+        if waited_s >= within_s:
+            return math.inf
+        await asyncio.sleep(0.1)
+
+
 async def run_drill(
     drill: Drill,
     stack: Stack,
@@ -338,6 +369,8 @@ async def run_drill(
                 return result
             if isinstance(outcome, dict):
                 figures.update(outcome)
+        if any(e.figure == "upstreams_not_ready_after" for e in drill.expect):
+            figures["ready_again_s"] = await _wait_all_ready(stack, session, _READY_WAIT_S)
         # Let the engines finish what the gateways sent, then read the counters.
         # The scrape that found them idle is the one kept: a later one may catch the
         # gateways' health probes, which start on every engine at once.
@@ -447,6 +480,7 @@ def _figures(
     ready = [m.total("headway_gateway_upstream_ready") for m in gw_after]
     if ready:
         f["upstreams_ready_after"] = min(ready)
+        f["upstreams_not_ready_after"] = _not_ready(gw_after)
     if stack.engine_urls:
         f["engine_kv_usage_after"] = max(m.total("vllm:kv_cache_usage_perc") for m in eng_after)
     if faulted:

@@ -503,6 +503,28 @@ class Controller:
         new.projected_blocks += lease.blocks
         return new
 
+    def requeue(self, lease: Lease) -> None:
+        """Give a dispatched lease's slot back and put it at the front of its line (a
+        retry before the first byte when no other upstream is free: it waits for the
+        next slot, as if it had never been dispatched, until its deadline). Await its
+        new ``ready``."""
+        assert lease.upstream is not None
+        now = self.now()
+        self._unload(lease)
+        lease.upstream = None
+        self.running[lease.band] -= 1
+        self.dispatched_by[lease.tenant] -= 1
+        loop = asyncio.get_running_loop()
+        lease.ready = loop.create_future()
+        self.queues.push(
+            now, lease, band=lease.band, tenant=lease.tenant, cost_tokens=lease.cost_tokens,
+            deadline_s=lease.deadline_s, front=True,
+        )  # fmt: skip
+        if lease.deadline_s is not None:
+            delay = max(lease.deadline_s - now, 0.0)
+            lease.timer = loop.call_later(delay + 0.001, self.expire)
+        self.pump()
+
     def _unload(self, lease: Lease) -> None:
         up = lease.upstream
         if up is not None:

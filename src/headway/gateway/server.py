@@ -754,6 +754,10 @@ class GatewayServer:
                     except _Unanswered:
                         failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
                         last = (502, _UPSTREAM_FAILED, "application/json")
+                        # The connection broke under the answer (a dying engine accepts
+                        # connections for seconds while its memory is freed): no more
+                        # calls go there until it is back, as after a refused connect.
+                        upstream.down_until_s = time.monotonic() + self.config.eject_s
                     finally:
                         resp.close()
             lease.phase = Phase.UNSENT  # the engine failed it before any output
@@ -768,6 +772,19 @@ class GatewayServer:
                 self.rng,
             )
             moved = None if isinstance(decision, GiveUp) else ctl.reroute(lease)
+            ejected = not upstream.ready
+            if moved is None and not isinstance(decision, GiveUp) and ejected and ctl.total_slots():
+                # Its upstream is out (it failed under the call) and every other one is
+                # busy: wait in line for the next free slot rather than fail a call
+                # that nothing has reached the client for.
+                ctl.requeue(lease)
+                self.m_retries.inc()
+                record.retries += 1
+                outcome = await lease.ready
+                if isinstance(outcome, Shed):
+                    return self._shed_response(outcome, record), None, False
+                attempt += 1
+                continue
             if moved is None:
                 if failure is FailureKind.CONNECT_ERROR:
                     error = {

@@ -1,24 +1,16 @@
-"""The wall-clock driver of the core policies: the live twin of :mod:`headway.sim.gateway`.
+"""The live gateway's driver of :class:`~headway.core.gateway_core.GatewayCore`: the wall
+clock, asyncio futures for queued requests, one timer for queue expiry.
 
-:class:`Controller` builds a :class:`~headway.core.policy.admission.LoadSnapshot` from
-live state and calls the same policy objects as the simulator: admission
-(:class:`~headway.core.policy.admission.AdmissionPolicy`), the priority queues
-(:class:`~headway.core.policy.queues.PriorityQueues`), routing
-(:class:`~headway.core.policy.routing.Router`) and the retry budget
-(:class:`~headway.core.policy.retries.RetryPolicy`). It decides nothing itself.
-
-A request is offered with :meth:`Controller.offer`: a :class:`~headway.core.policy.
-decisions.Shed`, or a :class:`Lease` whose ``ready`` future resolves to the upstream it
-was dispatched to (at once when admitted; when a slot frees when enqueued) or to a shed
-(expired). :meth:`Controller.release` frees the slot and dispatches the next queued
-request. A queued lease whose client went away leaves its line at once
-(:meth:`~headway.core.policy.queues.PriorityQueues.withdraw`): it never reaches an
-upstream, never holds a slot, and frees its place in the bounds.
-
-Slot shares (``tenant_slot_headroom``): while two or more tenants are active, a tenant
-holds at most its share of the ready slots (:meth:`Controller.slot_caps`); at its cap its
-requests are queued and passed over by the queues' ``eligible`` hook without losing their
-place, so a light tenant finds a slot beside a flood. Alone, a tenant takes every slot.
+The decisions (admission, queues, slots, tenant slot shares, routing, fallback, speeds,
+refunds, expiry) are the core's; this module turns them into what an aiohttp handler can
+await. A request is offered with :meth:`Controller.offer`: a
+:class:`~headway.core.policy.decisions.Shed`, or a :class:`Lease`; :meth:`Controller.ready`
+is a future that resolves to the upstream it was dispatched to (at once when admitted;
+when a slot frees when enqueued) or to a shed (expired). :meth:`Controller.release` frees
+the slot and dispatches the next queued request. A queued lease whose client went away
+leaves its line at once: it never reaches an upstream, never holds a slot, and frees its
+place in the bounds. The retry budget (:class:`~headway.core.policy.retries.RetryPolicy`)
+sits here beside it, for the relay's attempts.
 
 Seams for the upstream pool and shared budgets: :class:`UpstreamSource` (the pool's
 ready upstreams) and :class:`BudgetSeam` (a shared tenant budget checked before the
@@ -28,128 +20,41 @@ local policy); the defaults are the config's static list and local-only budgets.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import weakref
 from pathlib import Path
-from typing import Protocol
-
-import msgspec
 
 from headway.core.engine.catalog import get_gpu, get_model
 from headway.core.engine.roofline import RooflineStepTime
 from headway.core.engine.steptime import StepTimeModel
 from headway.core.errors import ConfigError
-from headway.core.policy.admission import (
-    AdmissionConfig,
-    AdmissionPolicy,
-    AdmissionRequest,
-    LoadSnapshot,
-    TenantLoad,
+from headway.core.gateway_core import (
+    BudgetSeam,
+    CoreSettings,
+    GatewayCore,
+    Lease,
+    StaticUpstreams,
+    UpstreamSource,
+    UpstreamState,
 )
-from headway.core.policy.charges import Phase
-from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
-from headway.core.policy.fallback import FallbackPolicy, NoFallback, UseFallback
-from headway.core.policy.queues import BANDS, Band, PriorityQueues, Queued
-from headway.core.policy.rates import WindowCounter
+from headway.core.policy.admission import AdmissionPolicy, AdmissionRequest, LoadSnapshot
+from headway.core.policy.decisions import Shed
+from headway.core.policy.fallback import NoFallback
+from headway.core.policy.queues import PriorityQueues
 from headway.core.policy.retries import RetryPolicy
-from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior, prior_from_step_time
 from headway.gateway.config import GatewayFileConfig
 
-__all__ = ["BudgetSeam", "Controller", "Lease", "UpstreamSource", "UpstreamState", "speed_prior"]
-
-
-@dataclass(slots=True, kw_only=True)
-class UpstreamState:
-    """One upstream as the controller sees it (a :class:`~headway.core.policy.routing.
-    LoadView`)."""
-
-    url: str
-    revision: str | None = None
-    route: str | None = None
-    """The route it serves (None: every route)."""
-    slots: int = 64
-    total_kv_blocks: int = 1_000_000
-    api_key: str | None = None
-    draining: bool = False
-    """Admin drain: takes no new request; in-flight ones finish."""
-    healthy: bool = True
-    """What the pool says (always True without a pool)."""
-    down_until_s: float = 0.0
-    """Passive ejection: after a connection failure it is not routed to until then."""
-    outstanding_requests: int = 0
-    outstanding_tokens: int = 0
-    projected_blocks: int = 0
-    waiting_requests: int = 0
-
-    @property
-    def ready(self) -> bool:
-        """Routable: healthy, not draining, not ejected."""
-        return (
-            self.healthy
-            and not self.draining
-            and (self.down_until_s == 0.0 or time.monotonic() >= self.down_until_s)
-        )
-
-    @property
-    def free_kv_blocks(self) -> int:
-        """Blocks not projected for its dispatched requests."""
-        return self.total_kv_blocks - self.projected_blocks
-
-
-class UpstreamSource(Protocol):
-    """Where the upstreams come from (the pool, or the config's static list)."""
-
-    def upstreams(self) -> Sequence[UpstreamState]: ...
-
-
-class StaticUpstreams:
-    """The config's upstreams, every one ready unless drained by the admin API."""
-
-    def __init__(self, states: Sequence[UpstreamState]) -> None:
-        self.states = list(states)
-
-    def upstreams(self) -> Sequence[UpstreamState]:
-        """All of them."""
-        return self.states
-
-
-class BudgetSeam(Protocol):
-    """A shared budget consulted before local admission (``shared.py`` plugs in here)."""
-
-    def check(self, now: float, tenant: str, tokens: int) -> Shed | None: ...
-    def give_back(self, tenant: str, tokens: float, now: float) -> None: ...
-    def add_in_flight(self, tenant: str, delta: int) -> None: ...
-
-
-@dataclass(slots=True, eq=False)
-class Lease:
-    """One admitted or enqueued request, until :meth:`Controller.release`."""
-
-    tenant: str
-    band: Band
-    cost_tokens: int
-    blocks: int
-    revision: str | None
-    deadline_s: float | None
-    ready: asyncio.Future[UpstreamState | Shed]
-    route: str | None = None
-    upstream: UpstreamState | None = None
-    dead: bool = False
-    """The client went away while it was queued: skip it when popped."""
-    released: bool = False
-    tried: list[UpstreamState] = field(default_factory=list)
-    timer: asyncio.TimerHandle | None = None
-    phase: Phase = Phase.UNSENT
-    """How far it got (:mod:`~headway.core.policy.charges`): what its tenant pays."""
-    output_events: int = 0
-    """Streamed events relayed so far: the output seen when it ends early."""
-    settled: bool = False
-    """Its charge was settled (an expiry refunded it all): :meth:`Controller.release`
-    refunds nothing more."""
+__all__ = [
+    "BudgetSeam",
+    "Controller",
+    "Lease",
+    "UpstreamSource",
+    "UpstreamState",
+    "core_settings",
+    "speed_prior",
+]
 
 
 def speed_prior(config: GatewayFileConfig) -> SpeedPrior:
@@ -181,8 +86,23 @@ def speed_prior(config: GatewayFileConfig) -> SpeedPrior:
     return prior_from_step_time(step_time, num_seqs=config.slots_per_upstream)
 
 
+def core_settings(config: GatewayFileConfig) -> CoreSettings:
+    """What the core reads of the gateway's config."""
+    return CoreSettings(
+        admission=config.admission_config(),
+        queues=config.queue_config(),
+        fallback=config.fallback,
+        routes=config.routes,
+        slot_shares={t.name: t.share if t.share > 0 else t.weight for t in config.tenants.values()},
+        tenant_slot_headroom=config.tenant_slot_headroom,
+        tenant_active_s=config.tenant_active_s,
+        measure_speeds=config.measure_speeds,
+        kv_blocks_per_upstream=config.kv_blocks_per_upstream,
+    )
+
+
 class Controller:
-    """Admission, queues, slots, routing and the retry budget on the wall clock."""
+    """The core on the wall clock, with a future per queued request (module docstring)."""
 
     def __init__(
         self,
@@ -192,64 +112,29 @@ class Controller:
     ) -> None:
         self.config = config
         self.budgets = budgets
-        self.admission = AdmissionPolicy(self._admission_config(config))
-        self.queues: PriorityQueues[Lease] = PriorityQueues(config.queue_config())
         self.retries = RetryPolicy(config.retries)
-        self.fallback = FallbackPolicy(config.fallback)
-        self.router = Router("least_outstanding_requests")
-        self.source: UpstreamSource = source or StaticUpstreams(
-            [self._state(i) for i in range(len(config.upstreams))]
+        states = source or StaticUpstreams(
+            [self._state(config, i) for i in range(len(config.upstreams))]
         )
-        self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
-        self.in_flight: dict[str, int] = {}
-        self._completions: dict[str, WindowCounter] = {}
-        self.expired = 0
-        self.skipped_dead = 0
-        self.dispatched_by: dict[str, int] = {}
-        """Dispatched (slot-holding) requests per tenant, for the slot shares."""
-        self._last_seen: dict[str, float] = {}
-        self.capped = 0
-        """Requests admission would have dispatched at once, queued instead because their
-        tenant held its slot share (those already queued are passed over in :meth:`pump`)."""
-        self.speeds = ServiceSpeeds(speed_prior(config))
-        """The prefill speed and TPOT admission predicts with: the prior, refined by the
-        answers (:meth:`observe_whole`, :meth:`observe_stream`)."""
-        self.draining = False
-        """This instance is shutting down: new requests are refused (``draining``); queued
-        and dispatched ones finish."""
+        self.core = GatewayCore(
+            core_settings(config), states, speed_prior=speed_prior(config), budgets=budgets
+        )
+        self._waiting: weakref.WeakKeyDictionary[Lease, asyncio.Future[UpstreamState | Shed]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each lease's future, for as long as the lease lives (its handler holds it)."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
 
-    def reconfigure(self, config: GatewayFileConfig) -> None:
-        """Swap in ``config`` live: admission (tenant budgets), queue and retry settings
-        take effect for the next decision; queued and dispatched requests keep their
-        places and slots (see the policies' ``reconfigure``)."""
-        if speed_prior(config) != speed_prior(self.config):
-            self.speeds = ServiceSpeeds(speed_prior(config))
-        self.admission.reconfigure(self.now(), self._admission_config(config))
-        self.queues.reconfigure(config.queue_config())
-        self.retries.reconfigure(config.retries)
-        self.fallback = FallbackPolicy(config.fallback)
-        self.config = config
-        self.pump()
-
-    def _admission_config(self, config: GatewayFileConfig) -> AdmissionConfig:
-        admission = config.admission_config()
-        if self.budgets is None:
-            return admission
-        # The shared budget holds the token buckets; local admission keeps the rest.
-        tenants = {
-            t: msgspec.structs.replace(lim, token_rate_per_s=None)
-            for t, lim in admission.tenants.items()
-        }
-        return msgspec.structs.replace(admission, tenants=tenants)
-
-    def _state(self, index: int) -> UpstreamState:
-        up = self.config.upstreams[index]
+    @staticmethod
+    def _state(config: GatewayFileConfig, index: int) -> UpstreamState:
+        up = config.upstreams[index]
         return UpstreamState(
             url=up.url.rstrip("/"),
             revision=up.revision,
             route=up.route,
-            slots=up.slots or self.config.slots_per_upstream,
-            total_kv_blocks=self.config.kv_blocks_per_upstream,
+            slots=up.slots or config.slots_per_upstream,
+            total_kv_blocks=config.kv_blocks_per_upstream,
             api_key=up.api_key,
         )
 
@@ -258,381 +143,177 @@ class Controller:
         """The controller's clock (monotonic seconds)."""
         return time.monotonic()
 
-    # -- state -----------------------------------------------------------------------------
+    # -- the core's state, as the server and its metrics read it -----------------------------
+
+    @property
+    def source(self) -> UpstreamSource:
+        """The upstreams (the pool replaces the config's static list)."""
+        return self.core.source
+
+    @source.setter
+    def source(self, source: UpstreamSource) -> None:
+        self.core.source = source
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return self.core.admission
+
+    @property
+    def queues(self) -> PriorityQueues[Lease]:
+        return self.core.queues
+
+    @property
+    def speeds(self) -> ServiceSpeeds:
+        return self.core.speeds
+
+    @property
+    def running(self) -> dict[str, int]:
+        return self.core.running
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        return self.core.in_flight
+
+    @property
+    def dispatched_by(self) -> dict[str, int]:
+        return self.core.dispatched_by
+
+    @property
+    def expired(self) -> int:
+        return self.core.expired
+
+    @property
+    def skipped_dead(self) -> int:
+        return self.core.skipped_dead
+
+    @property
+    def capped(self) -> int:
+        return self.core.capped
+
+    @property
+    def draining(self) -> bool:
+        """This instance is shutting down: new requests are refused (``draining``);
+        queued and dispatched ones finish."""
+        return self.core.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.core.draining = value
 
     def total_slots(self) -> int:
         """Dispatch slots of the ready upstreams."""
-        return sum(u.slots for u in self.source.upstreams() if u.ready)
-
-    def _route(self, now: float, lease: Lease, exclude: Sequence[UpstreamState] = ()) -> int | None:
-        ups = self.source.upstreams()
-        loads = [
-            ReplicaLoad(
-                outstanding_requests=u.outstanding_requests,
-                outstanding_tokens=u.outstanding_tokens,
-                free_kv_blocks=u.free_kv_blocks,
-                revision=u.revision,
-                ready=u.ready
-                and u.outstanding_requests < u.slots
-                and u not in exclude
-                and (lease.route is None or u.route is None or u.route == lease.route),
-            )
-            for u in ups
-        ]
-        request = RouteRequest(
-            prompt_tokens=lease.cost_tokens,
-            expected_output_tokens=0,
-            projected_kv_blocks=lease.blocks,
-            revision=lease.revision,
-        )
-        return self.router.route(now, request, loads)
+        return self.core.total_slots(self.now())
 
     def route_health(self, route: str | None) -> float:
         """Ready upstreams of ``route`` / its upstreams (0 when none serves it)."""
-        ups = [u for u in self.source.upstreams() if _serves(u, route)]
-        return sum(1 for u in ups if u.ready) / len(ups) if ups else 0.0
+        return self.core.route_health(self.now(), route)
 
     def choose_route(self, route: str) -> tuple[str, NoFallback | None]:
-        """The route a call for ``route`` goes to: its own while any of its upstreams is
-        routable, else the fallback the core policy allows (the reason when none)."""
-        if self.route_health(route) > 0:
-            return route, None
-        routes = self.config.routes
-        health = {name: self.route_health(name) for name in routes}
-        decision = self.fallback.choose(self.now(), route, routes, health)
-        if isinstance(decision, UseFallback):
-            return decision.route, None
-        return route, decision
+        """The route a call for ``route`` goes to (see the core)."""
+        return self.core.choose_route(self.now(), route)
 
     def snapshot(
         self, now: float, request: AdmissionRequest, route: str | None = None
     ) -> LoadSnapshot:
-        """The load admission reads for ``request`` (bound for ``route``) at ``now``."""
-        ups = self.source.upstreams()
-        ready = [u for u in ups if u.ready and _serves(u, route)]
-        total = sum(u.slots for u in ready)
-        if total > self.queues.config.reserved_slots(total):
-            by_band = self.queues.free_slots_by_band(total_slots=total, running=self.running)
-            free_slots: dict[str, int] = dict(by_band.items())
-        else:
-            free_slots = {}
-        best = max(ready, key=lambda u: u.free_kv_blocks, default=None)
-        tenants = {
-            t: TenantLoad(
-                in_flight_requests=n,
-                completions_per_s=self._completion_rate(now, t),
-            )
-            for t, n in self.in_flight.items()
-            if n
-        }
-        return LoadSnapshot(
-            queues=self.queues.statistics(now),
-            free_slots=free_slots,
-            free_kv_blocks=best.free_kv_blocks if best else 0,
-            total_kv_blocks=best.total_kv_blocks if best else self.config.kv_blocks_per_upstream,
-            tenants=tenants,
-            prefill_tokens_per_s=self._prefill_tokens_per_s(),
-            tpot_s=self.tpot_s(),
-            dispatch_slots=total,
-            draining=self.draining,
-            downstream_health=1.0 if ready else 0.0,
-            downstream_next_probe_s=None
-            if ready
-            else min((u.down_until_s for u in ups if u.down_until_s > now), default=None),
-        )
+        """The load admission reads for ``request`` at ``now``."""
+        return self.core.snapshot(now, request, route)
+
+    def slot_caps(self, now: float, total: int) -> dict[str, int] | None:
+        """Most slots each active tenant may hold now (see the core)."""
+        return self.core.slot_caps(now, total)
 
     def tpot_s(self) -> float | None:
         """The TPOT the service estimate uses: the prior, refined by measurement."""
-        return self.speeds.tpot_s
-
-    def _prefill_tokens_per_s(self) -> float | None:
-        return self.speeds.prefill_tokens_per_s
+        return self.core.speeds.tpot_s
 
     def observe_whole(self, prompt_tokens: int, output_tokens: int, duration_s: float) -> None:
-        """A whole answer took ``duration_s`` from its dispatch (with ``measure_speeds``)."""
-        if self.config.measure_speeds:
-            self.speeds.observe_whole(prompt_tokens, output_tokens, duration_s)
+        """A whole answer took ``duration_s`` from its dispatch."""
+        self.core.observe_whole(prompt_tokens, output_tokens, duration_s)
 
     def observe_stream(
         self, prompt_tokens: int, output_tokens: int, first_token_s: float, duration_s: float
     ) -> None:
         """A streamed answer: its first and last token, seconds after its dispatch."""
-        if self.config.measure_speeds:
-            self.speeds.observe_stream(prompt_tokens, output_tokens, first_token_s, duration_s)
+        self.core.observe_stream(prompt_tokens, output_tokens, first_token_s, duration_s)
 
-    def _completion_rate(self, now: float, tenant: str) -> float:
-        counter = self._completions.get(tenant)
-        return 0.0 if counter is None else counter.rate_per_s(now)
+    def queued_by(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Queue depth per band and per tenant (the live ones, for metrics)."""
+        return self.core.queued_by(now)
 
-    @property
-    def config(self) -> GatewayFileConfig:
-        """The gateway's config (a reload swaps it; the slot shares follow)."""
-        return self._config
+    # -- decisions ---------------------------------------------------------------------------
 
-    @config.setter
-    def config(self, config: GatewayFileConfig) -> None:
-        self._config = config
-        self._slot_shares = {
-            t.name: t.share if t.share > 0 else t.weight for t in config.tenants.values()
-        }
-
-    # -- per-tenant slot shares -------------------------------------------------------------
-
-    def _slot_share(self, tenant: str) -> float:
-        share = self._slot_shares.get(tenant)
-        return self.queues.config.weight(tenant) if share is None else share
-
-    def slot_caps(self, now: float, total: int) -> dict[str, int] | None:
-        """Most slots each active tenant may hold now (None: no cap applies: the headroom
-        is off, or fewer than two tenants are active)."""
-        headroom = self.config.tenant_slot_headroom
-        if headroom is None:
-            return None
-        window = self.config.tenant_active_s
-        active = {t for t, n in self.in_flight.items() if n > 0}
-        stale = []
-        for t, seen in self._last_seen.items():
-            if now - seen <= window:
-                active.add(t)
-            elif t not in active:
-                stale.append(t)
-        for t in stale:
-            del self._last_seen[t]
-        if len(active) < 2:
-            return None
-        shares = {t: self._slot_share(t) for t in active}
-        whole = sum(shares.values())
-        if whole <= 0:
-            return None
-        return {t: max(1, math.ceil(s / whole * total * headroom)) for t, s in shares.items()}
-
-    # -- offer / dispatch / release --------------------------------------------------------
+    def reconfigure(self, config: GatewayFileConfig) -> None:
+        """Swap in ``config`` live: admission (tenant budgets), queue and retry settings
+        take effect for the next decision; queued and dispatched requests keep their
+        places and slots (see the policies' ``reconfigure``)."""
+        self.core.reconfigure(self.now(), core_settings(config), speed_prior(config))
+        self.retries.reconfigure(config.retries)
+        self.config = config
+        self._settle()
 
     def offer(
         self, request: AdmissionRequest, revision: str | None = None, route: str | None = None
     ) -> Shed | Lease:
-        """Decide on one request now: a shed, or a lease (dispatched or queued) to an
-        upstream of ``revision`` and ``route`` (None: any)."""
-        now = self.now()
-        self._last_seen[request.tenant] = now
-        if self.budgets is not None:
-            refused = self.budgets.check(now, request.tenant, request.cost_tokens)
-            if refused is not None:
-                burst = self.config.admission_config().limits(request.tenant).burst_tokens
-                if refused.retry_after_s is None and burst is not None:
-                    # It can never fit the tenant's bucket: the core's reason and fix.
-                    detail = self.admission.over_budget_detail(request, burst)
-                    refused = dataclasses.replace(refused, detail=detail)
-                return refused
-        decision = self.admission.decide(now, request, self.snapshot(now, request, route))
-        if isinstance(decision, Shed):
-            self._give_back(now, request.tenant, request.cost_tokens)
-            return decision
-        loop = asyncio.get_running_loop()
-        lease = Lease(
-            tenant=request.tenant,
-            band=request.priority,
-            cost_tokens=request.cost_tokens,
-            blocks=self.admission.projected_kv_blocks(request),
-            revision=revision,
-            deadline_s=request.deadline_s,
-            ready=loop.create_future(),
-            route=route,
-        )
-        if isinstance(decision, Admit):
-            caps = self.slot_caps(now, self.total_slots())
-            held = self.dispatched_by.get(request.tenant, 0)
-            capped = caps is not None and held >= caps.get(request.tenant, 1)
-            index = None if capped else self._route(now, lease)
-            self.capped += capped
-            if index is not None:
-                self._dispatch(lease, self.source.upstreams()[index])
-                self._count_in(request.tenant)
-                return lease
-            decision = Enqueue(request.priority)  # no upstream free for its revision: wait
-        assert isinstance(decision, Enqueue)
-        refused = self.admission.enqueue(now, self.queues, lease, request, decision)
-        if refused is not None:
-            self._give_back(now, request.tenant, request.cost_tokens)
-            return refused
-        self._count_in(request.tenant)
-        if request.deadline_s is not None:
-            delay = max(request.deadline_s - now, 0.0)
-            lease.timer = loop.call_later(delay + 0.001, self.expire)
-        if self.config.tenant_slot_headroom is not None:
-            # Slots may be free while a capped tenant's requests wait ahead of this one.
-            self.pump()
-        return lease
+        """Decide on one request now: a shed, or a lease (dispatched or queued: await
+        :meth:`ready`)."""
+        decision = self.core.offer(self.now(), request, revision, route)
+        if isinstance(decision, Lease):
+            future = asyncio.get_running_loop().create_future()
+            if decision.upstream is not None:
+                future.set_result(decision.upstream)
+            self._waiting[decision] = future
+        self._settle()
+        return decision
 
-    def _count_in(self, tenant: str) -> None:
-        self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
-        if self.budgets is not None:
-            self.budgets.add_in_flight(tenant, 1)
-
-    def _give_back(self, now: float, tenant: str, tokens: float) -> None:
-        if self.budgets is not None and tokens > 0:
-            self.budgets.give_back(tenant, tokens, now)
-
-    def _dispatch(self, lease: Lease, upstream: UpstreamState) -> None:
-        self.running[lease.band] += 1
-        self.dispatched_by[lease.tenant] = self.dispatched_by.get(lease.tenant, 0) + 1
-        lease.upstream = upstream
-        upstream.outstanding_requests += 1
-        upstream.outstanding_tokens += lease.cost_tokens
-        upstream.projected_blocks += lease.blocks
-        if lease.timer is not None:
-            lease.timer.cancel()
-            lease.timer = None
-        if not lease.ready.done():
-            lease.ready.set_result(upstream)
+    def ready(self, lease: Lease) -> asyncio.Future[UpstreamState | Shed]:
+        """Resolves to the upstream ``lease`` is dispatched to, or to the shed that ended
+        it while it waited (cancelled when its request was released first)."""
+        return self._waiting[lease]
 
     def reroute(self, lease: Lease) -> UpstreamState | None:
-        """Move a dispatched lease to another ready upstream (a retry before the first
-        byte); None when none is free."""
-        assert lease.upstream is not None
-        old = lease.upstream
-        lease.tried.append(old)
-        index = self._route(self.now(), lease, exclude=lease.tried)
-        if index is None:
-            return None
-        self._unload(lease)
-        new = self.source.upstreams()[index]
-        lease.upstream = new
-        new.outstanding_requests += 1
-        new.outstanding_tokens += lease.cost_tokens
-        new.projected_blocks += lease.blocks
-        return new
+        """Move a dispatched lease to another ready upstream; None when none is free."""
+        return self.core.reroute(self.now(), lease)
 
     def requeue(self, lease: Lease) -> None:
-        """Give a dispatched lease's slot back and put it at the front of its line (a
-        retry before the first byte when no other upstream is free: it waits for the
-        next slot, as if it had never been dispatched, until its deadline). Await its
-        new ``ready``."""
-        assert lease.upstream is not None
-        now = self.now()
-        self._unload(lease)
-        lease.upstream = None
-        self.running[lease.band] -= 1
-        self.dispatched_by[lease.tenant] -= 1
-        loop = asyncio.get_running_loop()
-        lease.ready = loop.create_future()
-        self.queues.push(
-            now, lease, band=lease.band, tenant=lease.tenant, cost_tokens=lease.cost_tokens,
-            deadline_s=lease.deadline_s, front=True,
-        )  # fmt: skip
-        if lease.deadline_s is not None:
-            delay = max(lease.deadline_s - now, 0.0)
-            lease.timer = loop.call_later(delay + 0.001, self.expire)
-        self.pump()
-
-    def _unload(self, lease: Lease) -> None:
-        up = lease.upstream
-        if up is not None:
-            up.outstanding_requests -= 1
-            up.outstanding_tokens -= lease.cost_tokens
-            up.projected_blocks -= lease.blocks
+        """Put a dispatched lease back at the front of its line; await :meth:`ready`."""
+        self._waiting[lease] = asyncio.get_running_loop().create_future()
+        self.core.requeue(self.now(), lease)
+        self._settle()
 
     def release(self, lease: Lease, *, completed: bool = False, unused_tokens: int = 0) -> None:
         """The request ended (served, failed, cancelled): free its slot, refund unused
-        budget, and dispatch what the queues let go next. Idempotent."""
-        if lease.released:
-            return
-        lease.released = True
-        now = self.now()
-        if lease.timer is not None:
-            lease.timer.cancel()
-        if lease.upstream is not None:
-            self._unload(lease)
-            self.running[lease.band] -= 1
-            self.dispatched_by[lease.tenant] -= 1
-        elif not self.queues.withdraw(lease, lease.band, lease.tenant):
-            lease.dead = True  # not found waiting (a race with a pop): skipped when popped
-        self.in_flight[lease.tenant] -= 1
-        if self.budgets is not None:
-            self.budgets.add_in_flight(lease.tenant, -1)
-        if completed:
-            counter = self._completions.get(lease.tenant)
-            if counter is None:
-                counter = self._completions[lease.tenant] = WindowCounter(10.0, start_s=now)
-            counter.add(now)
-        if unused_tokens > 0 and not lease.settled:
-            lease.settled = True
-            self.admission.refund(now, lease.tenant, unused_tokens)
-            self._give_back(now, lease.tenant, unused_tokens)
-        if not lease.ready.done():
-            lease.ready.cancel()
-        self.pump()
+        budget, dispatch what the queues let go next. Idempotent."""
+        self.core.release(self.now(), lease, completed=completed, unused_tokens=unused_tokens)
+        future = self._waiting.get(lease)
+        if future is not None and not future.done():
+            future.cancel()
+        self._settle()
 
     def pump(self) -> None:
         """Dispatch queued requests while slots and upstreams are free."""
-        now = self.now()
-        total = self.total_slots()
-        if total <= self.queues.config.reserved_slots(total):
-            self.expire()
-            return
-        caps = self.slot_caps(now, total)
-        held = self.dispatched_by
-
-        def eligible(tenant: str) -> bool:
-            assert caps is not None
-            return held.get(tenant, 0) < caps.get(tenant, 1)
-
-        while True:
-            got: Queued[Lease] | None = self.queues.try_pop(
-                now, total_slots=total, running=self.running,
-                eligible=None if caps is None else eligible,
-            )  # fmt: skip
-            if got is None:
-                break
-            lease = got.item
-            if lease.dead:
-                self.skipped_dead += 1
-                continue
-            index = self._route(now, lease)
-            if index is None:
-                # Every upstream able to take it is full (a revision pin): give it back
-                # its place at the front of its line and stop.
-                self.queues.push(
-                    now, lease, band=got.band, tenant=got.tenant, cost_tokens=got.cost_tokens,
-                    deadline_s=got.deadline_s, front=True,
-                )  # fmt: skip
-                break
-            self._dispatch(lease, self.source.upstreams()[index])
-        self.expire()
+        self.core.pump(self.now())
+        self._settle()
 
     def expire(self) -> None:
         """End the queued requests whose deadline passed (EXPIRED, never sent)."""
-        now = self.now()
-        gone_now = self.queues.expire(now)
-        if not gone_now:
+        self._timer = self._timer_at = None
+        self.core.expire(self.now())
+        self._settle()
+
+    def _settle(self) -> None:
+        """Deliver the core's settlements to their futures; arm the expiry timer."""
+        for lease, outcome in self.core.outcomes():
+            future = self._waiting.get(lease)
+            if future is not None and not future.done():
+                future.set_result(outcome)
+        at = self.core.next_timer_s()
+        if at == self._timer_at:
             return
-        # When to come back: the time its band's line needs to drain, as admission says
-        # for a full queue (capped like every Retry-After).
-        bands = self.queues.statistics(now).bands
-        cap_s = self.admission.config.max_retry_after_s
-        for gone in gone_now:
-            lease = gone.item
-            if lease.dead:
-                continue
-            self.expired += 1
-            lease.settled = True  # release() must not refund it a second time
-            self.admission.refund(now, lease.tenant, lease.cost_tokens)
-            self._give_back(now, lease.tenant, lease.cost_tokens)
-            if not lease.ready.done():
-                retry_s = bands[gone.band].time_to_drain_s(max_s=cap_s)
-                lease.ready.set_result(
-                    Shed(ShedReason.EXPIRED, retry_s, "its deadline passed while it waited")
-                )
-
-    def queued_by(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
-        """Queue depth per band and per tenant (the live ones, for metrics)."""
-        stats = self.queues.statistics(now)
-        return (
-            {b: s.queued_requests for b, s in stats.bands.items()},
-            {t: s.queued_requests for t, s in stats.tenants.items()},
-        )
-
-
-def _serves(upstream: UpstreamState, route: str | None) -> bool:
-    """Whether ``upstream`` takes calls for ``route`` (None: any call)."""
-    return route is None or upstream.route is None or upstream.route == route
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
+        if at is not None:
+            loop = asyncio.get_running_loop()
+            delay = max(at - self.now(), 0.0)
+            self._timer = loop.call_later(delay + 0.001, self.expire)
+            self._timer_at = at

@@ -388,7 +388,8 @@ class GatewayServer:
             return [((u.url,), float(u.outstanding_requests)) for u in ctl.source.upstreams()]
 
         def ready() -> list[tuple[tuple[str, ...], float]]:
-            return [((u.url,), 1.0 if u.ready else 0.0) for u in ctl.source.upstreams()]
+            now = ctl.now()
+            return [((u.url,), float(u.ready_at(now))) for u in ctl.source.upstreams()]
 
         reg.gauge("headway_gateway_queue_depth_requests", "Requests waiting, by band.",
                   ["band"], depth_band)  # fmt: skip
@@ -663,7 +664,7 @@ class GatewayServer:
                 self.m_admitted.inc("enqueue", parsed.band)
                 record.admission = "enqueue"
                 queued_at = time.monotonic()
-                outcome = await lease.ready
+                outcome = await ctl.ready(lease)
                 if isinstance(outcome, Shed):
                     return self._shed_response(outcome, record)
                 record.dispatched_s = time.monotonic()
@@ -772,7 +773,7 @@ class GatewayServer:
                 self.rng,
             )
             moved = None if isinstance(decision, GiveUp) else ctl.reroute(lease)
-            ejected = not upstream.ready
+            ejected = not upstream.ready_at(ctl.now())
             if moved is None and not isinstance(decision, GiveUp) and ejected and ctl.total_slots():
                 # Its upstream is out (it failed under the call) and every other one is
                 # busy: wait in line for the next free slot rather than fail a call
@@ -780,7 +781,7 @@ class GatewayServer:
                 ctl.requeue(lease)
                 self.m_retries.inc()
                 record.retries += 1
-                outcome = await lease.ready
+                outcome = await ctl.ready(lease)
                 if isinstance(outcome, Shed):
                     return self._shed_response(outcome, record), None, False
                 attempt += 1
@@ -910,7 +911,7 @@ class GatewayServer:
             data = [{"id": m, "object": "model", "owned_by": "headway"} for m in self.config.models]
             return web.json_response({"object": "list", "data": data})
         for upstream in self.controller.source.upstreams():
-            if not upstream.ready:
+            if not upstream.ready_at(time.monotonic()):
                 continue
             try:
                 async with self._session(upstream).get(upstream.url + "/v1/models") as resp:
@@ -924,7 +925,8 @@ class GatewayServer:
         )
 
     async def _health(self, request: web.Request) -> web.Response:
-        ready = sum(1 for u in self.controller.source.upstreams() if u.ready)
+        now = self.controller.now()
+        ready = sum(1 for u in self.controller.source.upstreams() if u.ready_at(now))
         status = "draining" if self.controller.draining else "ok" if ready else "unavailable"
         return web.json_response(
             {"status": status, "ready_upstreams": ready}, status=200 if status == "ok" else 503
@@ -981,9 +983,11 @@ class GatewayServer:
         if refused is not None:
             return refused
         ctl = self.controller
+        now = ctl.now()
         ups = [
-            {"url": u.url, "revision": u.revision, "ready": u.ready, "draining": u.draining,
-             "outstanding_requests": u.outstanding_requests, "slots": u.slots}
+            {"url": u.url, "revision": u.revision, "ready": u.ready_at(now),
+             "draining": u.draining, "outstanding_requests": u.outstanding_requests,
+             "slots": u.slots}
             for u in ctl.source.upstreams()
         ]  # fmt: skip
         return web.json_response(

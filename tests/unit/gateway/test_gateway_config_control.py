@@ -113,13 +113,13 @@ def test_controller_admits_queues_skips_dead_and_expires() -> None:
         assert len(ctl.queues) == 1
         ctl.queues.check_invariants()
         ctl.release(first, completed=True)
-        assert behind.ready.done() and behind.upstream is not None
-        assert ctl.skipped_dead == 0 and queued.ready.cancelled()
+        assert ctl.ready(behind).done() and behind.upstream is not None
+        assert ctl.skipped_dead == 0 and ctl.ready(queued).cancelled()
         assert ctl.running["interactive"] == 1
         # A queued request with a deadline expires with EXPIRED, never sent.
         late = ctl.offer(_request(deadline_s=ctl.now() + 0.02))
         assert isinstance(late, Lease)
-        outcome = await asyncio.wait_for(late.ready, 1.0)
+        outcome = await asyncio.wait_for(ctl.ready(late), 1.0)
         assert isinstance(outcome, Shed) and outcome.reason is ShedReason.EXPIRED
         ctl.release(late)
         ctl.release(behind, completed=True)
@@ -237,7 +237,7 @@ def test_abandoned_queued_requests_free_the_tenants_bound_at_once() -> None:
         assert isinstance(again, Lease) and again.upstream is None  # queued, not refused
         ctl.queues.check_invariants()
         ctl.release(running, completed=True)
-        assert again.ready.done() and again.upstream is not None
+        assert ctl.ready(again).done() and again.upstream is not None
         ctl.release(again, completed=True)
         assert sum(ctl.in_flight.values()) == 0
 
@@ -355,7 +355,7 @@ def test_an_expired_lease_is_refunded_once() -> None:
         assert isinstance(first, Lease) and first.upstream is not None
         late = ctl.offer(AdmissionRequest(tenant="a", deadline_s=ctl.now() + 0.02, **cost))
         assert isinstance(late, Lease) and late.upstream is None
-        outcome = await asyncio.wait_for(late.ready, 1.0)
+        outcome = await asyncio.wait_for(ctl.ready(late), 1.0)
         assert isinstance(outcome, Shed) and outcome.reason is ShedReason.EXPIRED
         # The server releases every lease with what it did not use: all of an expired one.
         ctl.release(late, unused_tokens=late.cost_tokens)

@@ -1,0 +1,619 @@
+"""The gateway's decisions, sans-I/O: admission, queues, dispatch slots, tenant slot
+shares, routing, fallback, the speed estimate, charges and refunds, and queue expiry.
+
+:class:`GatewayCore` owns the state the policies read (requests dispatched per band and
+per tenant, in flight per tenant, each upstream's outstanding load) and carries out what
+they decide. Every method takes ``now``; nothing here reads a clock, arms a timer or
+awaits (the model is h11: the driver feeds in what happened and reads out what to do).
+
+A request is offered with :meth:`GatewayCore.offer`: a
+:class:`~headway.core.policy.decisions.Shed`, or a :class:`Lease`, dispatched (its
+``upstream`` set) or queued. A queued lease is settled later by another call
+(:meth:`~GatewayCore.release`, :meth:`~GatewayCore.pump`, :meth:`~GatewayCore.expire`,
+...): each settlement is an *outcome* (the lease and the upstream it was dispatched to,
+or the shed that ended it) that the driver collects with :meth:`~GatewayCore.outcomes`
+and delivers to the waiting caller. :meth:`~GatewayCore.next_timer_s` says when
+:meth:`~GatewayCore.expire` must next run (the earliest deadline of a queued lease).
+
+Slot shares (``tenant_slot_headroom``): while two or more tenants are active, a tenant
+holds at most its share of the ready slots (:meth:`GatewayCore.slot_caps`); at its cap
+its requests are queued and passed over by the queues' ``eligible`` hook without losing
+their place, so a light tenant finds a slot beside a flood. Alone, a tenant takes every
+slot.
+
+The live gateway (:mod:`headway.gateway.control`) drives it on the wall clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from headway.core.policy.admission import (
+    AdmissionConfig,
+    AdmissionPolicy,
+    AdmissionRequest,
+    LoadSnapshot,
+    TenantLoad,
+)
+from headway.core.policy.charges import Phase
+from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
+from headway.core.policy.fallback import (
+    FallbackConfig,
+    FallbackPolicy,
+    NoFallback,
+    RouteView,
+    UseFallback,
+)
+from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
+from headway.core.policy.rates import WindowCounter
+from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
+from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
+
+__all__ = [
+    "BudgetSeam",
+    "CoreSettings",
+    "GatewayCore",
+    "Lease",
+    "Outcome",
+    "StaticUpstreams",
+    "UpstreamSource",
+    "UpstreamState",
+]
+
+
+@dataclass(slots=True, kw_only=True)
+class UpstreamState:
+    """One upstream as the core sees it (a :class:`~headway.core.policy.routing.
+    LoadView`)."""
+
+    url: str
+    revision: str | None = None
+    route: str | None = None
+    """The route it serves (None: every route)."""
+    slots: int = 64
+    total_kv_blocks: int = 1_000_000
+    api_key: str | None = None
+    draining: bool = False
+    """Admin drain: takes no new request; in-flight ones finish."""
+    healthy: bool = True
+    """What the pool says (always True without a pool)."""
+    down_until_s: float = 0.0
+    """Passive ejection: after a connection failure it is not routed to until then."""
+    outstanding_requests: int = 0
+    outstanding_tokens: int = 0
+    projected_blocks: int = 0
+    waiting_requests: int = 0
+
+    def ready_at(self, now: float) -> bool:
+        """Routable at ``now``: healthy, not draining, not ejected."""
+        return (
+            self.healthy
+            and not self.draining
+            and (self.down_until_s == 0.0 or now >= self.down_until_s)
+        )
+
+    @property
+    def free_kv_blocks(self) -> int:
+        """Blocks not projected for its dispatched requests."""
+        return self.total_kv_blocks - self.projected_blocks
+
+
+class UpstreamSource(Protocol):
+    """Where the upstreams come from (the pool, or the config's static list)."""
+
+    def upstreams(self) -> Sequence[UpstreamState]: ...
+
+
+class StaticUpstreams:
+    """A fixed list of upstreams, every one ready unless drained or ejected."""
+
+    def __init__(self, states: Sequence[UpstreamState]) -> None:
+        self.states = list(states)
+
+    def upstreams(self) -> Sequence[UpstreamState]:
+        """All of them."""
+        return self.states
+
+
+class BudgetSeam(Protocol):
+    """A shared budget consulted before local admission (the gateway's Redis budgets)."""
+
+    def check(self, now: float, tenant: str, tokens: int) -> Shed | None: ...
+    def give_back(self, tenant: str, tokens: float, now: float) -> None: ...
+    def add_in_flight(self, tenant: str, delta: int) -> None: ...
+
+
+@dataclass(slots=True, eq=False, weakref_slot=True)
+class Lease:
+    """One admitted or enqueued request, until :meth:`GatewayCore.release`."""
+
+    tenant: str
+    band: Band
+    cost_tokens: int
+    blocks: int
+    revision: str | None
+    deadline_s: float | None
+    route: str | None = None
+    upstream: UpstreamState | None = None
+    queued: bool = False
+    """Waiting in its band's line (not dispatched, not ended)."""
+    dead: bool = False
+    """The client went away while it was queued: skip it when popped."""
+    released: bool = False
+    tried: list[UpstreamState] = field(default_factory=list)
+    phase: Phase = Phase.UNSENT
+    """How far it got (:mod:`~headway.core.policy.charges`): what its tenant pays."""
+    output_events: int = 0
+    """Streamed events relayed so far: the output seen when it ends early."""
+    settled: bool = False
+    """Its charge was settled (an expiry refunded it all): :meth:`GatewayCore.release`
+    refunds nothing more."""
+
+
+Outcome = tuple[Lease, UpstreamState | Shed]
+"""A queued lease's settlement: dispatched to an upstream, or ended by a shed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreSettings:
+    """What the core reads of the gateway's configuration."""
+
+    admission: AdmissionConfig
+    queues: QueueConfig
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    routes: Mapping[str, RouteView] = field(default_factory=dict)
+    slot_shares: Mapping[str, float] = field(default_factory=dict)
+    """Tenant name → its share of the slots (tenants not named: their queue weight)."""
+    tenant_slot_headroom: float | None = 1.0
+    """Slot shares on (a tenant's cap is its share × this), or None: off."""
+    tenant_active_s: float = 2.0
+    """A tenant seen this recently counts as active for the slot shares."""
+    measure_speeds: bool = True
+    """Refine the speed estimate from answers (else the prior alone)."""
+    kv_blocks_per_upstream: int = 1_000_000
+
+
+class GatewayCore:
+    """Admission, queues, slots, shares and routing, on the ``now`` it is given."""
+
+    def __init__(
+        self,
+        settings: CoreSettings,
+        source: UpstreamSource,
+        *,
+        speed_prior: SpeedPrior | None = None,
+        budgets: BudgetSeam | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.budgets = budgets
+        self.admission = AdmissionPolicy(self._local(settings.admission))
+        self.queues: PriorityQueues[Lease] = PriorityQueues(settings.queues)
+        self.fallback = FallbackPolicy(settings.fallback)
+        self.router = Router("least_outstanding_requests")
+        self.speed_prior = speed_prior
+        self.speeds = ServiceSpeeds(speed_prior)
+        """The prefill speed and TPOT admission predicts with: the prior, refined by the
+        answers (:meth:`observe_whole`, :meth:`observe_stream`)."""
+        self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
+        self.in_flight: dict[str, int] = {}
+        self.dispatched_by: dict[str, int] = {}
+        """Dispatched (slot-holding) requests per tenant, for the slot shares."""
+        self._completions: dict[str, WindowCounter] = {}
+        self._last_seen: dict[str, float] = {}
+        self._deadlines: list[tuple[float, int, Lease]] = []
+        self._seq = 0
+        self._outcomes: list[Outcome] = []
+        self.expired = 0
+        self.skipped_dead = 0
+        self.capped = 0
+        """Requests admission would have dispatched at once, queued instead because their
+        tenant held its slot share (those already queued are passed over in :meth:`pump`)."""
+        self.draining = False
+        """Shutting down: new requests are refused (``draining``); queued and dispatched
+        ones finish."""
+
+    def reconfigure(
+        self, now: float, settings: CoreSettings, speed_prior: SpeedPrior | None
+    ) -> None:
+        """Swap in ``settings``: admission (tenant budgets), queue settings and fallback take
+        effect for the next decision; queued and dispatched requests keep their places
+        and slots (see the policies' ``reconfigure``). A changed prior restarts the speed
+        estimate."""
+        if speed_prior != self.speed_prior:
+            self.speed_prior = speed_prior
+            self.speeds = ServiceSpeeds(speed_prior)
+        self.admission.reconfigure(now, self._local(settings.admission))
+        self.queues.reconfigure(settings.queues)
+        self.fallback = FallbackPolicy(settings.fallback)
+        self.settings = settings
+        self.pump(now)
+
+    def _local(self, admission: AdmissionConfig) -> AdmissionConfig:
+        """What local admission applies: with a shared budget, which holds the tenants'
+        token buckets, the rest of ``admission``."""
+        if self.budgets is None:
+            return admission
+        tenants = {
+            t: msgspec.structs.replace(lim, token_rate_per_s=None)
+            for t, lim in admission.tenants.items()
+        }
+        return msgspec.structs.replace(admission, tenants=tenants)
+
+    def outcomes(self) -> list[Outcome]:
+        """The queued leases settled since the last call (dispatched or shed), in order."""
+        out, self._outcomes = self._outcomes, []
+        return out
+
+    def next_timer_s(self) -> float | None:
+        """When :meth:`expire` must next run: the earliest deadline of a queued lease."""
+        heap = self._deadlines
+        while heap and not heap[0][2].queued:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # -- state -----------------------------------------------------------------------------
+
+    def total_slots(self, now: float) -> int:
+        """Dispatch slots of the ready upstreams."""
+        return sum(u.slots for u in self.source.upstreams() if u.ready_at(now))
+
+    def _route(self, now: float, lease: Lease, exclude: Sequence[UpstreamState] = ()) -> int | None:
+        ups = self.source.upstreams()
+        loads = [
+            ReplicaLoad(
+                outstanding_requests=u.outstanding_requests,
+                outstanding_tokens=u.outstanding_tokens,
+                free_kv_blocks=u.free_kv_blocks,
+                revision=u.revision,
+                ready=u.ready_at(now)
+                and u.outstanding_requests < u.slots
+                and u not in exclude
+                and _serves(u, lease.route),
+            )
+            for u in ups
+        ]
+        request = RouteRequest(
+            prompt_tokens=lease.cost_tokens,
+            expected_output_tokens=0,
+            projected_kv_blocks=lease.blocks,
+            revision=lease.revision,
+        )
+        return self.router.route(now, request, loads)
+
+    def route_health(self, now: float, route: str | None) -> float:
+        """Ready upstreams of ``route`` / its upstreams (0 when none serves it)."""
+        ups = [u for u in self.source.upstreams() if _serves(u, route)]
+        return sum(1 for u in ups if u.ready_at(now)) / len(ups) if ups else 0.0
+
+    def choose_route(self, now: float, route: str) -> tuple[str, NoFallback | None]:
+        """The route a call for ``route`` goes to: its own while any of its upstreams is
+        routable, else the fallback the core policy allows (the reason when none)."""
+        if self.route_health(now, route) > 0:
+            return route, None
+        routes = self.settings.routes
+        health = {name: self.route_health(now, name) for name in routes}
+        decision = self.fallback.choose(now, route, routes, health)
+        if isinstance(decision, UseFallback):
+            return decision.route, None
+        return route, decision
+
+    def snapshot(
+        self, now: float, request: AdmissionRequest, route: str | None = None
+    ) -> LoadSnapshot:
+        """The load admission reads for ``request`` (bound for ``route``) at ``now``."""
+        ups = self.source.upstreams()
+        ready = [u for u in ups if u.ready_at(now) and _serves(u, route)]
+        total = sum(u.slots for u in ready)
+        if total > self.queues.config.reserved_slots(total):
+            by_band = self.queues.free_slots_by_band(total_slots=total, running=self.running)
+            free_slots: dict[str, int] = dict(by_band.items())
+        else:
+            free_slots = {}
+        best = max(ready, key=lambda u: u.free_kv_blocks, default=None)
+        tenants = {
+            t: TenantLoad(in_flight_requests=n, completions_per_s=self._completion_rate(now, t))
+            for t, n in self.in_flight.items()
+            if n
+        }
+        return LoadSnapshot(
+            queues=self.queues.statistics(now),
+            free_slots=free_slots,
+            free_kv_blocks=best.free_kv_blocks if best else 0,
+            total_kv_blocks=(
+                best.total_kv_blocks if best else self.settings.kv_blocks_per_upstream
+            ),
+            tenants=tenants,
+            prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
+            tpot_s=self.speeds.tpot_s,
+            dispatch_slots=total,
+            draining=self.draining,
+            downstream_health=1.0 if ready else 0.0,
+            downstream_next_probe_s=None
+            if ready
+            else min((u.down_until_s for u in ups if u.down_until_s > now), default=None),
+        )
+
+    def observe_whole(self, prompt_tokens: int, output_tokens: int, duration_s: float) -> None:
+        """A whole answer took ``duration_s`` from its dispatch (with ``measure_speeds``)."""
+        if self.settings.measure_speeds:
+            self.speeds.observe_whole(prompt_tokens, output_tokens, duration_s)
+
+    def observe_stream(
+        self, prompt_tokens: int, output_tokens: int, first_token_s: float, duration_s: float
+    ) -> None:
+        """A streamed answer: its first and last token, seconds after its dispatch."""
+        if self.settings.measure_speeds:
+            self.speeds.observe_stream(prompt_tokens, output_tokens, first_token_s, duration_s)
+
+    def _completion_rate(self, now: float, tenant: str) -> float:
+        counter = self._completions.get(tenant)
+        return 0.0 if counter is None else counter.rate_per_s(now)
+
+    # -- per-tenant slot shares -------------------------------------------------------------
+
+    def _slot_share(self, tenant: str) -> float:
+        share = self.settings.slot_shares.get(tenant)
+        return self.queues.config.weight(tenant) if share is None else share
+
+    def slot_caps(self, now: float, total: int) -> dict[str, int] | None:
+        """Most slots each active tenant may hold now (None: no cap applies: the headroom
+        is off, or fewer than two tenants are active)."""
+        headroom = self.settings.tenant_slot_headroom
+        if headroom is None:
+            return None
+        window = self.settings.tenant_active_s
+        active = {t for t, n in self.in_flight.items() if n > 0}
+        stale = []
+        for t, seen in self._last_seen.items():
+            if now - seen <= window:
+                active.add(t)
+            elif t not in active:
+                stale.append(t)
+        for t in stale:
+            del self._last_seen[t]
+        if len(active) < 2:
+            return None
+        shares = {t: self._slot_share(t) for t in active}
+        whole = sum(shares.values())
+        if whole <= 0:
+            return None
+        return {t: max(1, math.ceil(s / whole * total * headroom)) for t, s in shares.items()}
+
+    # -- offer / dispatch / release --------------------------------------------------------
+
+    def offer(
+        self,
+        now: float,
+        request: AdmissionRequest,
+        revision: str | None = None,
+        route: str | None = None,
+    ) -> Shed | Lease:
+        """Decide on one request now: a shed, or a lease (dispatched, or queued) to an
+        upstream of ``revision`` and ``route`` (None: any)."""
+        self._last_seen[request.tenant] = now
+        if self.budgets is not None:
+            refused = self.budgets.check(now, request.tenant, request.cost_tokens)
+            if refused is not None:
+                burst = self.settings.admission.limits(request.tenant).burst_tokens
+                if refused.retry_after_s is None and burst is not None:
+                    # It can never fit the tenant's bucket: the core's reason and fix.
+                    detail = self.admission.over_budget_detail(request, burst)
+                    refused = dataclasses.replace(refused, detail=detail)
+                return refused
+        decision = self.admission.decide(now, request, self.snapshot(now, request, route))
+        if isinstance(decision, Shed):
+            self._give_back(now, request.tenant, request.cost_tokens)
+            return decision
+        lease = Lease(
+            tenant=request.tenant,
+            band=request.priority,
+            cost_tokens=request.cost_tokens,
+            blocks=self.admission.projected_kv_blocks(request),
+            revision=revision,
+            deadline_s=request.deadline_s,
+            route=route,
+        )
+        if isinstance(decision, Admit):
+            caps = self.slot_caps(now, self.total_slots(now))
+            held = self.dispatched_by.get(request.tenant, 0)
+            capped = caps is not None and held >= caps.get(request.tenant, 1)
+            index = None if capped else self._route(now, lease)
+            self.capped += capped
+            if index is not None:
+                self._dispatch(lease, self.source.upstreams()[index])
+                self._count_in(request.tenant)
+                return lease
+            decision = Enqueue(request.priority)  # no upstream free for its revision: wait
+        assert isinstance(decision, Enqueue)
+        refused = self.admission.enqueue(now, self.queues, lease, request, decision)
+        if refused is not None:
+            self._give_back(now, request.tenant, request.cost_tokens)
+            return refused
+        self._count_in(request.tenant)
+        self._queued(lease)
+        if self.settings.tenant_slot_headroom is not None:
+            # Slots may be free while a capped tenant's requests wait ahead of this one.
+            self.pump(now)
+        return lease
+
+    def _queued(self, lease: Lease) -> None:
+        lease.queued = True
+        if lease.deadline_s is not None:
+            self._seq += 1
+            heapq.heappush(self._deadlines, (lease.deadline_s, self._seq, lease))
+
+    def _count_in(self, tenant: str) -> None:
+        self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
+        if self.budgets is not None:
+            self.budgets.add_in_flight(tenant, 1)
+
+    def _give_back(self, now: float, tenant: str, tokens: float) -> None:
+        if self.budgets is not None and tokens > 0:
+            self.budgets.give_back(tenant, tokens, now)
+
+    def _dispatch(self, lease: Lease, upstream: UpstreamState) -> None:
+        self.running[lease.band] += 1
+        self.dispatched_by[lease.tenant] = self.dispatched_by.get(lease.tenant, 0) + 1
+        lease.upstream = upstream
+        upstream.outstanding_requests += 1
+        upstream.outstanding_tokens += lease.cost_tokens
+        upstream.projected_blocks += lease.blocks
+        if lease.queued:
+            lease.queued = False
+            self._outcomes.append((lease, upstream))
+
+    def reroute(self, now: float, lease: Lease) -> UpstreamState | None:
+        """Move a dispatched lease to another ready upstream (a retry before the first
+        byte); None when none is free."""
+        assert lease.upstream is not None
+        lease.tried.append(lease.upstream)
+        index = self._route(now, lease, exclude=lease.tried)
+        if index is None:
+            return None
+        self._unload(lease)
+        new = self.source.upstreams()[index]
+        lease.upstream = new
+        new.outstanding_requests += 1
+        new.outstanding_tokens += lease.cost_tokens
+        new.projected_blocks += lease.blocks
+        return new
+
+    def requeue(self, now: float, lease: Lease) -> None:
+        """Give a dispatched lease's slot back and put it at the front of its line (a
+        retry before the first byte when no other upstream is free: it waits for the
+        next slot, as if it had never been dispatched, until its deadline); it is settled
+        like any queued lease (:meth:`outcomes`)."""
+        assert lease.upstream is not None
+        self._unload(lease)
+        lease.upstream = None
+        self.running[lease.band] -= 1
+        self.dispatched_by[lease.tenant] -= 1
+        self.queues.push(
+            now, lease, band=lease.band, tenant=lease.tenant, cost_tokens=lease.cost_tokens,
+            deadline_s=lease.deadline_s, front=True,
+        )  # fmt: skip
+        self._queued(lease)
+        self.pump(now)
+
+    def _unload(self, lease: Lease) -> None:
+        up = lease.upstream
+        if up is not None:
+            up.outstanding_requests -= 1
+            up.outstanding_tokens -= lease.cost_tokens
+            up.projected_blocks -= lease.blocks
+
+    def release(
+        self, now: float, lease: Lease, *, completed: bool = False, unused_tokens: int = 0
+    ) -> None:
+        """The request ended (served, failed, cancelled): free its slot, refund unused
+        budget, and dispatch what the queues let go next. Idempotent."""
+        if lease.released:
+            return
+        lease.released = True
+        if lease.upstream is not None:
+            self._unload(lease)
+            self.running[lease.band] -= 1
+            self.dispatched_by[lease.tenant] -= 1
+        elif not self.queues.withdraw(lease, lease.band, lease.tenant):
+            lease.dead = True  # not found waiting (a race with a pop): skipped when popped
+        lease.queued = False
+        self.in_flight[lease.tenant] -= 1
+        if self.budgets is not None:
+            self.budgets.add_in_flight(lease.tenant, -1)
+        if completed:
+            counter = self._completions.get(lease.tenant)
+            if counter is None:
+                counter = self._completions[lease.tenant] = WindowCounter(10.0, start_s=now)
+            counter.add(now)
+        if unused_tokens > 0 and not lease.settled:
+            lease.settled = True
+            self.admission.refund(now, lease.tenant, unused_tokens)
+            self._give_back(now, lease.tenant, unused_tokens)
+        self.pump(now)
+
+    def pump(self, now: float) -> None:
+        """Dispatch queued requests while slots and upstreams are free."""
+        total = self.total_slots(now)
+        if total <= self.queues.config.reserved_slots(total):
+            self.expire(now)
+            return
+        caps = self.slot_caps(now, total)
+        held = self.dispatched_by
+
+        def eligible(tenant: str) -> bool:
+            assert caps is not None
+            return held.get(tenant, 0) < caps.get(tenant, 1)
+
+        while True:
+            got: Queued[Lease] | None = self.queues.try_pop(
+                now, total_slots=total, running=self.running,
+                eligible=None if caps is None else eligible,
+            )  # fmt: skip
+            if got is None:
+                break
+            lease = got.item
+            if lease.dead:
+                self.skipped_dead += 1
+                continue
+            index = self._route(now, lease)
+            if index is None:
+                # Every upstream able to take it is full (a revision pin): give it back
+                # its place at the front of its line and stop.
+                self.queues.push(
+                    now, lease, band=got.band, tenant=got.tenant, cost_tokens=got.cost_tokens,
+                    deadline_s=got.deadline_s, front=True,
+                )  # fmt: skip
+                break
+            self._dispatch(lease, self.source.upstreams()[index])
+        self.expire(now)
+
+    def expire(self, now: float) -> None:
+        """End the queued requests whose deadline passed (EXPIRED, never sent)."""
+        gone_now = self.queues.expire(now)
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:  # expired now, or already gone
+            heapq.heappop(heap)
+        if not gone_now:
+            return
+        # When to come back: the time its band's line needs to drain, as admission says
+        # for a full queue (capped like every Retry-After).
+        bands = self.queues.statistics(now).bands
+        cap_s = self.admission.config.max_retry_after_s
+        for gone in gone_now:
+            lease = gone.item
+            if lease.dead:
+                continue
+            self.expired += 1
+            lease.settled = True  # release() must not refund it a second time
+            self.admission.refund(now, lease.tenant, lease.cost_tokens)
+            self._give_back(now, lease.tenant, lease.cost_tokens)
+            if lease.queued:
+                lease.queued = False
+                retry_s = bands[gone.band].time_to_drain_s(max_s=cap_s)
+                self._outcomes.append(
+                    (
+                        lease,
+                        Shed(ShedReason.EXPIRED, retry_s, "its deadline passed while it waited"),
+                    )
+                )
+
+    def queued_by(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Queue depth per band and per tenant (the live ones, for metrics)."""
+        stats = self.queues.statistics(now)
+        return (
+            {b: s.queued_requests for b, s in stats.bands.items()},
+            {t: s.queued_requests for t, s in stats.tenants.items()},
+        )
+
+
+def _serves(upstream: UpstreamState, route: str | None) -> bool:
+    """Whether ``upstream`` takes calls for ``route`` (None: any call)."""
+    return route is None or upstream.route is None or upstream.route == route

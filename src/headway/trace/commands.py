@@ -1,5 +1,5 @@
 """The ``headway trace`` verbs: ``stats FILE [--format F] [--json]`` and
-``fit FILE -o WORKLOAD.yaml [--bin-s S] [--max-pairs N] [--seed N] [--slo-ttft-s S]
+``fit FILE -o WORKLOAD.yaml [--bin-s S] [--min-step-s S] [--max-pairs N] [--seed N] [--slo-ttft-s S]
 [--slo-tpot-s S] [--slo-target F]`` (the SLO and planning it writes are defaults to edit).
 
 Each sub-verb is one ``_add_<verb>(verbs)`` function that adds its parser and sets
@@ -119,6 +119,9 @@ def _add_fit(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "-o", "--output", type=output_file, required=True, help="the workload file to write (YAML)"
     )
     parser.add_argument("--bin-s", type=float, default=10.0, help="schedule step (default 10 s)")
+    parser.add_argument("--min-step-s", type=float, default=None,
+                        help="shortest step: a shorter last window joins the one before it "
+                        "(default: half of --bin-s)")  # fmt: skip
     parser.add_argument(
         "--max-pairs", type=int, default=4000, help="token pairs kept (default 4000)"
     )
@@ -150,9 +153,17 @@ def _fit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bin-s must be > 0 (got {args.bin_s}); try 60")
     if args.max_pairs < 1:
         raise ConfigError(f"--max-pairs must be >= 1 (got {args.max_pairs}); try 4000")
+    if args.min_step_s is not None and not 0 <= args.min_step_s <= args.bin_s:
+        raise ConfigError(
+            f"--min-step-s must be between 0 and --bin-s {args.bin_s:g} (got {args.min_step_s}); "
+            "omit it for half of --bin-s"
+        )
     slo, given = _fit_slo(args)
     trace = read_trace(args.file, args.trace_format)
-    spec = fit_workload(trace, bin_s=args.bin_s, max_pairs=args.max_pairs, seed=args.seed, slo=slo)
+    spec = fit_workload(
+        trace, bin_s=args.bin_s, min_step_s=args.min_step_s, max_pairs=args.max_pairs,
+        seed=args.seed, slo=slo,
+    )  # fmt: skip
     header = (
         f"# {spec.description}\n# headway trace fit {args.file} -o {args.output}\n"
         "# classes.trace.slo and planning (at the end) are defaults to edit, not measurements.\n"

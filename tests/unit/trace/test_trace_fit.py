@@ -137,3 +137,30 @@ def test_a_fitted_workload_carries_a_default_slo_and_planning_it_says_to_edit(
     err = capsys.readouterr().err
     assert "--slo-ttft-s" in err and "-1" in err and len(err.strip().splitlines()) == 1
     assert not bad.exists()
+
+
+def test_a_trace_cropped_to_an_exact_window_keeps_its_true_peak(tmp_path: Path) -> None:
+    """Rows stamped exactly at the window's end (a trace exported as [0, 600 s]) used to
+    fall into a sliver of a last bin: three rows in a few milliseconds made a step of
+    hundreds of calls/s, and `plan` sized for that "peak". The fitted schedule's peak is
+    the trace's true 10 s maximum."""
+    from headway.planner.demand import peak_tasks_per_s
+
+    rng = np.random.default_rng(7)
+    window_s, rate_per_s = 600.0, 5.0
+    gaps = rng.exponential(1 / rate_per_s, int(window_s * rate_per_s * 1.2))
+    times = np.cumsum(gaps)
+    # A row at each edge of the export's window, and three stamped at its end.
+    times = np.concatenate([[0.0], times[times < window_s], [window_s] * 3])
+    rows = ["timestamp_s,input_tokens,output_tokens"]
+    rows += [f"{t:.6f},{200 + i % 50},{30 + i % 9}" for i, t in enumerate(times)]
+    trace = tmp_path / "cropped.csv"
+    trace.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "fit.yaml"
+    assert main(["trace", "fit", str(trace), "-o", str(out)]) == 0
+    counts, _ = np.histogram(times, np.arange(0.0, window_s + 10.0, 10.0))
+    true_peak = counts.max() / 10.0
+    peak = peak_tasks_per_s(load_workload(out).spec)
+    assert abs(peak - true_peak) / true_peak <= 0.05, (peak, true_peak)
+    steps = load_workload(out).spec.sources[0].arrivals.steps  # type: ignore[union-attr]
+    assert min(s.duration_s for s in steps) >= 5.0  # none shorter than half a bin

@@ -151,6 +151,15 @@ def test_replay_time_scale_window_and_thinning() -> None:
     assert thin.arrival_s.size == pytest.approx(250, abs=40)
 
 
+def test_replay_keeps_rows_stamped_at_the_end_of_the_run() -> None:
+    """A trace exported as [0, 600 s] stamps its last rows at 600: a run of duration_s 600
+    replays them (it dropped them)."""
+    trace = _trace([0.0, 100.0, 599.0, 600.0, 600.0, 600.5])
+    spec = TraceReplay(path="x", tick_policy="literal")
+    out = arrivals.replay(spec, trace, 600.0, stream(9, "end"))
+    assert out.arrival_s.tolist() == [0.0, 100.0, 599.0, 600.0, 600.0]
+
+
 def test_replay_replication_spreads_copies() -> None:
     trace = _trace([float(i) for i in range(1000)])
     out = arrivals.replay(TraceReplay(path="x", rate_scale=2.5), trace, 1e9, stream(10, "a"))

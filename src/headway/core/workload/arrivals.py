@@ -283,7 +283,7 @@ def replay(
         times, rows = _rescale(times, rows, spec.rate_scale, rng)
     order = np.argsort(times, kind="stable")
     times, rows = times[order], rows[order]
-    keep = times < horizon_s
+    keep = times <= horizon_s  # a row stamped at the end of a [0, duration_s] export stays
     return ReplayedTrace(times[keep], rows[keep], tick_s)
 
 

@@ -65,11 +65,14 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     largest batch whose steady-state step keeps the tightest ``tpot_s`` objective, at
     most the engine's ``max_num_seqs``; see :mod:`headway.sim.presets`)."""
 
-    tenant_budgets: Literal["shares", "none"] = "shares"
+    tenant_budgets: Literal["shares", "hard-shares", "none"] = "shares"
     """``shares``: each tenant with a positive ``share`` in the workload gets a token
     budget of its share of the cluster's planned capacity
     (:func:`~headway.core.policy.budgets.share_budgets`), unless ``admission.tenants``
-    names budgets itself; ``none``: no tenant budgets beyond ``admission``'s."""
+    names budgets itself; work-conserving: it binds only while another tenant waits, so
+    a tenant may use capacity nobody else asks for. ``hard-shares``: the same budgets,
+    binding even while the others are idle. ``none``: no tenant budgets beyond
+    ``admission``'s."""
 
     capacity_tokens_per_s: float | None = None
     """The planned capacity the ``shares`` budgets divide, in charged tokens (prompt plus

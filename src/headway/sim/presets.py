@@ -13,7 +13,8 @@ simulator builds its :class:`~headway.sim.gateway.SimGateway`:
 * fair-queuing weights from the workload's ``tenants.<name>.weight`` (unless ``queues``
   is given);
 * per-tenant token budgets from the tenants' shares of the planned capacity
-  (``tenant_budgets: shares``, unless ``admission.tenants`` is given): the planned
+  (``tenant_budgets: shares``, work-conserving: binding only while another tenant waits;
+  ``hard-shares``: binding always; unless ``admission.tenants`` is given): the planned
   capacity is the replicas' saturation throughput for the workload's mean call
   (:func:`~headway.core.engine.capacity.max_throughput`) times the workload's
   ``planning.planning_factor``, in the tokens admission charges.
@@ -116,12 +117,16 @@ def resolve_gateway(
     if queues is None:
         queues = QueueConfig(tenant_weights={t: v.weight for t, v in tenants.items()})
     admission = config.admission or AdmissionConfig(block_size=cluster.engine.block_size)
-    if config.tenant_budgets == "shares" and not admission.tenants:
+    if config.tenant_budgets != "none" and not admission.tenants:
         capacity = config.capacity_tokens_per_s or planned_capacity_tokens_per_s(
             workload, cluster, step_time
         )
         if capacity is not None:
-            budgets = share_budgets({t: v.share for t, v in tenants.items()}, capacity)
+            budgets = share_budgets(
+                {t: v.share for t, v in tenants.items()},
+                capacity,
+                work_conserving=config.tenant_budgets == "shares",
+            )
             admission = msgspec.structs.replace(admission, tenants=budgets)
     slots = config.slots_per_replica or slo_slots(workload, cluster, step_time)
     return msgspec.structs.replace(

@@ -403,3 +403,27 @@ def test_a_client_waiting_retry_after_finds_room_in_a_steady_state() -> None:
             offer(t, n)
     assert backlog <= dispatched, "retry_after was shorter than the backlog's drain"
     assert not isinstance(offer(retry_at, -1), Shed)
+
+
+def test_a_work_conserving_budget_lends_idle_capacity_and_binds_under_contention() -> None:
+    """Over its bucket, a tenant with a work-conserving budget is admitted while nobody
+    else is kept waiting; refused once another tenant's call has waited
+    ``contended_after_s``, or when it finds no free slot while another tenant runs."""
+    limits = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": limits}))
+    big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 > the 100-token bucket
+    assert policy.decide(NOW, big, _snapshot()) == Admit()
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # again: idle capacity is lent
+    waited = replace(_queue(queued=1), oldest_wait_s=0.6)
+    contended = _snapshot(tenant_queues={"initech": waited})
+    shed = _shed(policy.decide(NOW, big, contended), ShedReason.TENANT_TOKEN_RATE)
+    assert shed.retry_after_s is not None and 0 < shed.retry_after_s <= 1.0
+    briefly = _snapshot(tenant_queues={"initech": replace(waited, oldest_wait_s=0.1)})
+    assert policy.decide(NOW, big, briefly) == Admit()  # a moment's wait is not contention
+    full = _snapshot(free_slots={}, tenants={"initech": TenantLoad(in_flight_requests=3)})
+    _shed(policy.decide(NOW, big, full), ShedReason.TENANT_TOKEN_RATE)
+    alone = _snapshot(free_slots={})
+    assert isinstance(policy.decide(NOW, big, alone), Enqueue)  # nobody to protect: it waits
+    hard = AdmissionPolicy(AdmissionConfig(tenants={"acme": TenantLimits(
+        token_rate_per_s=100.0, burst_s=1.0)}))  # fmt: skip
+    _shed(hard.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)  # never passes

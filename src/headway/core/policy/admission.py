@@ -149,7 +149,22 @@ class TenantLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     burst_s: float = 10.0
     """The bucket holds this many seconds of ``token_rate_per_s``: a tenant idle that long
-    may burst that much at once. A single request larger than the bucket never passes."""
+    may burst that much at once. A single request larger than the bucket never passes
+    (unless ``work_conserving``)."""
+
+    work_conserving: bool = False
+    """``true``: the budget binds only under contention. A request over the bucket is
+    admitted (and takes nothing from it) unless another tenant has a request that has
+    waited ``contended_after_s`` in the queues: capacity nobody else is kept waiting for
+    is not withheld (fair queuing orders the calls that do wait). Once another tenant is
+    kept waiting, the bucket binds as usual, so a flood is refused exactly when it takes
+    others' share. ``false`` (the default): a hard budget, refused even while the rest is
+    idle."""
+
+    contended_after_s: float = 0.5
+    """For a ``work_conserving`` budget: how long another tenant's request must have
+    waited for the budget to bind (a moment's queueing behind a burst is not yet
+    contention; seconds of it are)."""
 
     def __post_init__(self) -> None:
         require(
@@ -165,6 +180,13 @@ class TenantLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             "token_rate_per_s",
             self.token_rate_per_s,
             "use tokens per second > 0, or null for no budget",
+        )
+        require(
+            math.isfinite(self.contended_after_s) and self.contended_after_s >= 0,
+            "admission.tenants.<tenant>",
+            "contended_after_s",
+            self.contended_after_s,
+            "use seconds >= 0, e.g. 0.5",
         )
         require(
             math.isfinite(self.burst_s) and self.burst_s > 0,
@@ -916,8 +938,9 @@ class AdmissionPolicy:
                 f"{request.cost_tokens} tokens project {blocks} KV blocks; a replica has "
                 f"{usable_blocks} after the reserve",
             )
-        burst = self.config.limits(request.tenant).burst_tokens
-        if burst is not None and request.cost_tokens > burst:
+        limits = self.config.limits(request.tenant)
+        burst = limits.burst_tokens
+        if burst is not None and request.cost_tokens > burst and not limits.work_conserving:
             return Shed(
                 ShedReason.TENANT_TOKEN_RATE,
                 None,
@@ -991,8 +1014,15 @@ class AdmissionPolicy:
             cost = request.cost_tokens
             reserved = self._ticket_credit.get(request.tenant, 0.0)
             level = bucket.level(now)
-            if level - reserved < cost:
-                wait = (cost + reserved - level) / bucket.rate_per_s
+            borrow = limits.work_conserving and not self._contended(
+                request, load, limits.contended_after_s
+            )
+            if level - reserved < cost and not borrow:
+                wait = (min(cost, bucket.capacity_tokens) + reserved - level) / bucket.rate_per_s
+                if cost > bucket.capacity_tokens:
+                    # Larger than the whole bucket (a work-conserving budget lends it idle
+                    # capacity only): come back after a bucket's worth of time.
+                    wait = max(wait, bucket.capacity_tokens / bucket.rate_per_s)
                 shed = Shed(
                     ShedReason.TENANT_TOKEN_RATE,
                     self._cap(wait),
@@ -1030,6 +1060,22 @@ class AdmissionPolicy:
             return f"tenant {tenant!r}'s queue", tenant_stats
         return None
 
+    def _contended(self, request: AdmissionRequest, load: LoadSnapshot, after_s: float) -> bool:
+        """Whether ``request``'s tenant competes with others now (a work-conserving budget
+        binds): another tenant's request has waited ``after_s`` in the queues, or the
+        request finds no free dispatch slot or KV room while another tenant has requests
+        in flight (it would take capacity the others are using)."""
+        if _others_waiting(load, request.tenant, after_s):
+            return True
+        others = any(
+            t.in_flight_requests > 0 for name, t in load.tenants.items() if name != request.tenant
+        )
+        if not others:
+            return False
+        blocks = self.projected_kv_blocks(request)
+        room = load.free_kv_blocks - self.reserve_blocks(load.total_kv_blocks)
+        return load.free_slots.get(request.priority, 0) <= 0 or blocks > room
+
     @staticmethod
     def _full_queue(
         band: Priority, tenant: str, queues: QueuesStatistics
@@ -1042,3 +1088,13 @@ class AdmissionPolicy:
         if tenant_stats is not None and tenant_stats.full:
             return f"tenant {tenant!r}'s queue", tenant_stats
         return None
+
+
+def _others_waiting(load: LoadSnapshot, tenant: str, after_s: float) -> bool:
+    """Whether a tenant other than ``tenant`` has a request that has waited ``after_s``
+    in the queues (contention: a work-conserving budget binds)."""
+    return any(
+        stats.queued_requests > 0 and stats.oldest_wait_s >= after_s
+        for name, stats in load.queues.tenants.items()
+        if name != tenant
+    )

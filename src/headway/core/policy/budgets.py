@@ -13,10 +13,13 @@ slower for everyone. A budget keeps the flood out of the engine altogether::
 (prompt plus planned output), not the peak: the driver plans it as the replicas'
 saturation throughput times the workload's planning factor. Tenants with share 0 (batch
 or control work that is governed by its priority band) get no budget; with fewer than
-two entitled tenants there is nobody to protect and nothing is budgeted. The budgets are
-not work-conserving: a tenant above its share is refused even while the others are idle.
-That is the price of isolation, and the reason the figure is a planned share, not a cap
-on the whole service.
+two entitled tenants there is nobody to protect and nothing is budgeted.
+
+``work_conserving`` budgets bind only under contention (``TenantLimits.work_conserving``):
+a tenant over its share is admitted while no other tenant waits, and refused once one
+does. Hard budgets refuse a tenant above its share even while the others are idle: the
+strictest isolation, at the cost of capacity nobody else wanted (at normal load a trace's
+small, bursty tenants were refused a third of their calls that way).
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ __all__ = ["share_budgets"]
 
 
 def share_budgets(
-    shares: Mapping[str, float], capacity_tokens_per_s: float, *, burst_s: float = 10.0
+    shares: Mapping[str, float],
+    capacity_tokens_per_s: float,
+    *,
+    burst_s: float = 10.0,
+    work_conserving: bool = False,
 ) -> dict[str, TenantLimits]:
     """Token budgets of the tenants with a positive share (see the module docstring)."""
     if not (math.isfinite(capacity_tokens_per_s) and capacity_tokens_per_s > 0):
@@ -42,6 +49,10 @@ def share_budgets(
         return {}
     total = sum(entitled.values())
     return {
-        t: TenantLimits(token_rate_per_s=s / total * capacity_tokens_per_s, burst_s=burst_s)
+        t: TenantLimits(
+            token_rate_per_s=s / total * capacity_tokens_per_s,
+            burst_s=burst_s,
+            work_conserving=work_conserving,
+        )
         for t, s in entitled.items()
     }

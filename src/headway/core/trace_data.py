@@ -71,6 +71,9 @@ class TraceData:
     """Wall-clock label of the last arrival as written in the file (Azure), for reports."""
     tick_s: float | None = None
     """Timestamp quantisation detected by :func:`detect_tick_s` (e.g. ~3 s), else ``None``."""
+    ignored_columns: tuple[str, ...] = ()
+    """Columns (or keys) of the file that the reader did not use: a tenant column under
+    another name is one (map it with the reader's ``columns``)."""
 
     def __post_init__(self) -> None:
         """Normalise dtypes and check that the columns describe one set of requests."""

@@ -331,7 +331,7 @@ def resolve_traces(spec: WorkloadSpec, base_dir: Path, source: str) -> LoadedWor
     empirical distributions taken from traces."""
     cache: dict[str, TraceData] = {}
 
-    def get(rel: str, fmt: str = "auto") -> TraceData:
+    def get(rel: str, fmt: str = "auto", columns: dict[str, str] | None = None) -> TraceData:
         if rel not in cache:
             target = Path(rel) if Path(rel).is_absolute() else base_dir / rel
             if not target.exists():
@@ -339,13 +339,14 @@ def resolve_traces(spec: WorkloadSpec, base_dir: Path, source: str) -> LoadedWor
                     f"{source}: trace file {rel!r} not found (looked in {target}); paths are "
                     "relative to the workload file"
                 )
-            cache[rel] = read_trace(target, fmt)
+            cache[rel] = read_trace(target, fmt, columns)
         return cache[rel]
 
     traces: dict[str, TraceData] = {}
     for src in spec.sources:
         if isinstance(src.arrivals, TraceReplay):
-            traces[src.arrivals.path] = get(src.arrivals.path, src.arrivals.format)
+            replay = src.arrivals
+            traces[replay.path] = get(replay.path, replay.format, replay.columns)
     classes = {name: _inline_class(cls, get) for name, cls in spec.classes.items()}
     if classes != spec.classes:
         spec = msgspec.structs.replace(spec, classes=classes)

@@ -15,9 +15,10 @@ import json
 import sys
 
 from headway.core.errors import ConfigError
+from headway.core.trace_data import TraceData
 from headway.core.workload.spec import Planning, Slo
 from headway.files.output import output_file
-from headway.trace.readers import FORMATS, read_trace
+from headway.trace.readers import COLUMN_FIELDS, FORMATS, parse_columns, read_trace
 from headway.trace.stats import trace_stats
 from headway.verbs import VERBS
 
@@ -42,6 +43,26 @@ def _add_format_option(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="trace format (default: detect from the file)",
     )
+    parser.add_argument(
+        "--columns",
+        default=None,
+        metavar="FIELD=COLUMN,...",
+        help="the file's names for the generic fields, e.g. arrival=arrival_s,"
+        "tenant=client_id (fields: " + ", ".join(COLUMN_FIELDS) + ")",
+    )
+
+
+def _read(args: argparse.Namespace) -> TraceData:
+    """The trace the arguments name; a warning on stderr for each column it ignores."""
+    columns = parse_columns(args.columns) if args.columns else None
+    trace = read_trace(args.file, args.trace_format, columns)
+    if trace.ignored_columns:
+        names = ", ".join(f"`{c}`" for c in trace.ignored_columns)
+        sys.stderr.write(
+            f"headway trace: warning: {args.file}: ignored column(s) {names}; map one to a "
+            f"field with --columns FIELD=COLUMN (fields: {', '.join(COLUMN_FIELDS)})\n"
+        )
+    return trace
 
 
 def _add_stats(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,7 +81,7 @@ def _add_stats(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _stats(args: argparse.Namespace) -> int:
     """``headway trace stats``: print the statistics as a table or as JSON; exit code 0."""
-    trace = read_trace(args.file, args.trace_format)
+    trace = _read(args)
     stats = trace_stats(trace)
     if args.json:
         sys.stdout.write(json.dumps(stats, indent=1) + "\n")
@@ -159,7 +180,7 @@ def _fit(args: argparse.Namespace) -> int:
             "omit it for half of --bin-s"
         )
     slo, given = _fit_slo(args)
-    trace = read_trace(args.file, args.trace_format)
+    trace = _read(args)
     spec = fit_workload(
         trace, bin_s=args.bin_s, min_step_s=args.min_step_s, max_pairs=args.max_pairs,
         seed=args.seed, slo=slo,

@@ -65,14 +65,60 @@ _COUNT_EXPECTED = "expected a non-negative integer"
 _SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json", ".txt")
 
 
-def read_trace(path: str | Path, fmt: str = "auto") -> TraceData:
+COLUMN_FIELDS = ("arrival", "input_tokens", "output_tokens", *GENERIC_LABEL_COLUMNS)
+"""What a ``columns`` mapping may name: the generic format's fields (``arrival`` is
+``timestamp_s``, seconds)."""
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    """``arrival=arrival_s,tenant=client_id`` as a mapping (field -> the file's column);
+    a ``TraceError`` naming the fix for a malformed or unknown entry."""
+    mapping: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        field, sep, column = part.partition("=")
+        field, column = field.strip(), column.strip()
+        if not part or not sep or not field or not column:
+            raise TraceError(
+                f"columns: {part!r} is not FIELD=COLUMN; write e.g. arrival=arrival_s,"
+                "tenant=client_id"
+            )
+        mapping[field] = column
+    return mapping
+
+
+def _check_columns(columns: dict[str, str]) -> dict[str, str]:
+    """The file's column -> the generic name, for a ``columns`` mapping."""
+    unknown = sorted(set(columns) - set(COLUMN_FIELDS))
+    if unknown:
+        raise TraceError(
+            f"columns: unknown field {unknown[0]!r}; map one of {', '.join(COLUMN_FIELDS)} "
+            "to a column of the file (e.g. arrival=arrival_s)"
+        )
+    renamed = {c: ("timestamp_s" if f == "arrival" else f) for f, c in columns.items()}
+    if len(renamed) != len(columns):
+        raise TraceError(f"columns: two fields map to one column ({columns})")
+    return renamed
+
+
+def read_trace(
+    path: str | Path, fmt: str = "auto", columns: dict[str, str] | None = None
+) -> TraceData:
     """Read a trace file in format ``fmt`` (one of :data:`FORMATS`; ``"auto"`` detects it).
 
     ``auto`` decides from the first non-blank line: the Azure CSV header, a CSV header with
     ``input_tokens`` (generic), or a JSON object with ``input_length`` (Mooncake) or
-    ``input_tokens`` (generic).
+    ``input_tokens`` (generic). ``columns`` maps the generic format's fields to the file's
+    own names (:data:`COLUMN_FIELDS`, e.g. ``{"arrival": "arrival_s", "tenant":
+    "client_id"}``): the file is then read as generic.
     """
     source = _Source.load(Path(path))
+    if columns:
+        if fmt not in ("auto", "generic"):
+            raise TraceError(
+                f"{source.label}: columns map a generic trace's fields; the {fmt} format has "
+                "fixed columns (drop the mapping or use --format generic)"
+            )
+        return _read_generic(source, _check_columns(columns))
     if fmt == "auto":
         fmt = _detect_format(source)
     if fmt == "azure":
@@ -546,6 +592,8 @@ class _GenericColumns:
     input_tokens: list[int]
     output_tokens: list[int]
     labels: dict[str, list[str]]
+    ignored: list[str]
+    """The file's columns (or keys) the reader does not use."""
 
 
 def _time_key(source: _Source, line: int, names: Sequence[str], what: str) -> str:
@@ -563,8 +611,12 @@ def _time_key(source: _Source, line: int, names: Sequence[str], what: str) -> st
     return present[0]
 
 
-def _read_generic(source: _Source) -> TraceData:
-    columns = _generic_jsonl(source) if source.looks_like_json else _generic_csv(source)
+def _read_generic(source: _Source, rename: dict[str, str] | None = None) -> TraceData:
+    rename = rename or {}
+    if source.looks_like_json:
+        columns = _generic_jsonl(source, rename)
+    else:
+        columns = _generic_csv(source, rename)
     timestamp_s = np.array(columns.timestamp_s, dtype=np.float64)
     order = _arrival_order(timestamp_s)
     timestamp_s = timestamp_s[order]
@@ -585,7 +637,27 @@ def _read_generic(source: _Source) -> TraceData:
         session_id=label("session_id"),
         prefix_id=label("prefix_id"),
         tick_s=detect_tick_s(arrival_s),
+        ignored_columns=tuple(columns.ignored),
     )
+
+
+_GENERIC_KNOWN = frozenset((*_GENERIC_TIME_COLUMNS, "input_tokens", "output_tokens",
+                            *GENERIC_LABEL_COLUMNS))  # fmt: skip
+
+
+def _renamed(
+    source: _Source, line: int, names: Sequence[str], rename: dict[str, str], what: str
+) -> tuple[list[str], list[str]]:
+    """The names under the mapping, and those the reader will not use (in file order)."""
+    missing = [c for c in rename if c not in names]
+    if missing:
+        raise source.error_at(
+            line,
+            f"has no {what} `{missing[0]}` (mapped to `{rename[missing[0]]}`); it has "
+            f"{', '.join(names)}",
+        )
+    out = [rename.get(n, n) for n in names]
+    return out, [n for n, o in zip(names, out, strict=True) if o not in _GENERIC_KNOWN]
 
 
 def _csv_seconds(source: _Source, line: int, column: str, text: str) -> float:
@@ -616,8 +688,9 @@ def _csv_label(source: _Source, line: int, column: str, text: str) -> str:
     return value
 
 
-def _generic_csv(source: _Source) -> _GenericColumns:
+def _generic_csv(source: _Source, rename: dict[str, str]) -> _GenericColumns:
     header_line, header, rows = _csv_rows(source)
+    header, ignored = _renamed(source, header_line, header, rename, "column")
     time_key = _time_key(source, header_line, header, "column")
     for key in ("input_tokens", "output_tokens"):
         if key not in header:
@@ -638,17 +711,27 @@ def _generic_csv(source: _Source) -> _GenericColumns:
         input_tokens=column("input_tokens", _count),
         output_tokens=column("output_tokens", _count),
         labels={key: column(key, _csv_label) for key in GENERIC_LABEL_COLUMNS if key in header},
+        ignored=ignored,
     )
 
 
-def _generic_jsonl(source: _Source) -> _GenericColumns:
+def _generic_jsonl(source: _Source, rename: dict[str, str]) -> _GenericColumns:
     columns: _GenericColumns | None = None
     for line, text in source.lines():
         row = _json_object(source, line, text)
+        if rename:
+            row = {rename.get(k, k): v for k, v in row.items()}
         if columns is None:
-            time_key = _time_key(source, line, list(row), "key")
+            names, ignored = _renamed(source, line, list(row), {}, "key")
+            if rename:  # the mapped names are in the row already; check the originals
+                original = list(_json_object(source, line, text))
+                _renamed(source, line, original, rename, "key")
+                ignored = [k for k in original if rename.get(k, k) not in _GENERIC_KNOWN]
+            time_key = _time_key(source, line, names, "key")
             present = [key for key in GENERIC_LABEL_COLUMNS if key in row]
-            columns = _GenericColumns(time_key, [], [], [], [], {key: [] for key in present})
+            columns = _GenericColumns(
+                time_key, [], [], [], [], {key: [] for key in present}, ignored
+            )
         required = (columns.time_key, "input_tokens", "output_tokens")
         _require_keys(source, line, row, required, "generic")
         columns.lines.append(line)

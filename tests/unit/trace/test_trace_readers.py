@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import numpy as np
@@ -351,3 +352,64 @@ def test_a_row_whose_quote_spans_lines_is_named_by_its_first_line(
         read_trace(path, "generic")
     message = str(caught.value)
     assert message.startswith(f"{path} line {line}:") and fragment in message, message
+
+
+def test_a_column_mapping_reads_a_trace_under_its_own_names(tmp_path: Path) -> None:
+    """`--columns arrival=arrival_s,tenant=client_id`: CSV and JSON Lines under the file's
+    own names; the columns nobody reads are named (an unmapped tenant column was dropped
+    silently)."""
+    from headway.trace.readers import parse_columns, read_trace
+
+    csv_path = tmp_path / "t.csv"
+    lines = ["arrival_s,client_id,prompt,completion,region", "0.5,acme,100,10,eu",
+             "0.0,globex,200,20,us"]  # fmt: skip
+    csv_path.write_text("\n".join(lines) + "\n")
+    mapping = parse_columns("arrival=arrival_s, tenant=client_id,input_tokens=prompt,"
+                            "output_tokens=completion")  # fmt: skip
+    trace = read_trace(csv_path, columns=mapping)
+    assert trace.arrival_s.tolist() == [0.0, 0.5]
+    assert trace.tenant is not None and trace.tenant.tolist() == ["globex", "acme"]
+    assert trace.input_tokens.tolist() == [200, 100]
+    assert trace.ignored_columns == ("region",)
+    jsonl = tmp_path / "t.jsonl"
+    rows = [{"t": 1.0, "input_tokens": 5, "output_tokens": 2, "user": "u1"},
+            {"t": 2.0, "input_tokens": 6, "output_tokens": 3, "user": "u2"}]  # fmt: skip
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    unmapped = read_trace(jsonl, columns={"arrival": "t"})
+    assert unmapped.tenant is None and unmapped.ignored_columns == ("user",)
+    mapped = read_trace(jsonl, columns={"arrival": "t", "tenant": "user"})
+    assert mapped.tenant is not None and mapped.tenant.tolist() == ["u1", "u2"]
+    assert mapped.ignored_columns == ()
+    with pytest.raises(TraceError, match=r"has no column `client`.*arrival_s, client_id"):
+        read_trace(csv_path, columns={"arrival": "arrival_s", "tenant": "client"})
+    with pytest.raises(TraceError, match=r"unknown field 'when'.*arrival"):
+        read_trace(csv_path, columns={"when": "arrival_s"})
+    with pytest.raises(TraceError, match="is not FIELD=COLUMN"):
+        parse_columns("arrival")
+
+
+def test_trace_stats_warns_of_a_column_it_ignores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headway.cli import main
+
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp_s,input_tokens,output_tokens,client_id\n0,1,1,a\n1,2,2,b\n")
+    assert main(["trace", "stats", str(path), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "ignored column(s) `client_id`" in err and "--columns" in err
+    assert main(["trace", "stats", str(path), "--json", "--columns", "tenant=client_id"]) == 0
+    assert "ignored" not in capsys.readouterr().err
+
+
+def test_a_workload_replays_a_trace_with_its_column_mapping(tmp_path: Path) -> None:
+    from headway.files.workload import load_workload
+
+    (tmp_path / "t.csv").write_text("arrival_s,in,out\n0,100,10\n1,200,20\n2,300,30\n")
+    (tmp_path / "w.yaml").write_text(
+        "name: w\nduration_s: 3\nclasses: {c: {input_tokens: 1, output_tokens: 1}}\n"
+        "sources:\n  - name: s\n    arrivals: {process: trace, path: t.csv,\n"
+        "               columns: {arrival: arrival_s, input_tokens: in, output_tokens: out}}\n"
+    )
+    loaded = load_workload(tmp_path / "w.yaml")
+    assert loaded.traces["t.csv"].input_tokens.tolist() == [100, 200, 300]

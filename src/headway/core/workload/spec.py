@@ -449,6 +449,11 @@ class TraceReplay(_Arrivals, frozen=True, kw_only=True, tag="trace"):
     format: Literal["auto", "azure", "mooncake", "generic"] = "auto"
     """The trace format (``auto`` detects it from the name and first line)."""
 
+    columns: dict[str, str] | None = None
+    """The file's names for the generic format's fields, e.g. ``{arrival: arrival_s,
+    tenant: client_id}`` (fields: arrival, input_tokens, output_tokens, tenant, priority,
+    session_id, prefix_id); the file is then read as generic."""
+
     time_scale: float = 1.0
     """Multiply timestamps by this: 0.5 replays twice as fast."""
 

@@ -99,14 +99,24 @@ def _stats(args: argparse.Namespace) -> int:
     table.add_column("statistic", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     for key, value in stats.items():
-        if key in ("name", "kind"):
+        if key in ("name", "kind", "tenants"):
             continue
         if isinstance(value, dict):
             for name, item in value.items():
                 table.add_row(f"{key}.{name}", _format_value(item))
         else:
             table.add_row(key, _format_value(value))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    tenants = stats.get("tenants")
+    if isinstance(tenants, dict) and tenants:
+        per = Table(title="large tenants (by requests and by tokens)")
+        per.add_column("tenant", no_wrap=True)
+        for column in ("requests", "tokens", "rate/s", "IAT CV", "input p50", "output p50"):
+            per.add_column(column, justify="right", no_wrap=True)
+        for name, figures in tenants.items():
+            per.add_row(name, *(_format_value(v) for v in figures.values()))
+        console.print(per)
     return 0
 
 

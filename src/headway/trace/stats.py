@@ -82,7 +82,52 @@ def trace_stats(trace: TraceData) -> dict[str, object]:
         stats["last_timestamp"] = format_timestamp_label(trace.last_timestamp)
     if trace.hash_ids is not None and trace.hash_block_tokens is not None:
         stats.update(_prefix_stats(trace.hash_ids, trace.hash_block_tokens, input_tokens))
+    if trace.tenant is not None:
+        stats.update(tenant_stats(trace, arrival_s))
     return stats
+
+
+LARGE_TENANTS = 10
+"""Tenants described one by one: the largest by requests and by tokens, up to this many
+of each (the rest are in the concentration figures)."""
+
+
+def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
+    """Per-tenant shares and concentration, and each large tenant's own rate, burstiness
+    and lengths: a trace's aggregate hides a tenant of 1-token calls or one that bursts."""
+    assert trace.tenant is not None
+    names, index = np.unique(trace.tenant.astype(str), return_inverse=True)
+    work = (trace.input_tokens + trace.output_tokens).astype(np.float64)
+    requests = np.bincount(index, minlength=names.size).astype(np.float64)
+    tokens = np.bincount(index, weights=work, minlength=names.size)
+    request_share = requests / requests.sum()
+    token_share = tokens / tokens.sum() if tokens.sum() > 0 else np.zeros_like(tokens)
+
+    def top(shares: FloatArray, k: int) -> float:
+        return round(float(np.sort(shares)[::-1][:k].sum()), 4)
+
+    out: dict[str, object] = {
+        "n_tenants": int(names.size),
+        "tenant_request_concentration": {f"top{k}": top(request_share, k) for k in (1, 5, 10)},
+        "tenant_token_concentration": {f"top{k}": top(token_share, k) for k in (1, 5, 10)},
+    }
+    large = set(np.argsort(-requests, kind="stable")[:LARGE_TENANTS].tolist())
+    large |= set(np.argsort(-tokens, kind="stable")[:LARGE_TENANTS].tolist())
+    span_s = float(arrival_s[-1] - arrival_s[0])
+    described: dict[str, object] = {}
+    for i in sorted(large, key=lambda i: (-requests[i], names[i])):
+        mine = index == i
+        times = arrival_s[mine]
+        described[str(names[i])] = {
+            "request_share": round(float(request_share[i]), 4),
+            "token_share": round(float(token_share[i]), 4),
+            "mean_rate_rps": _round((times.size - 1) / span_s if span_s > 0 else None, 4),
+            "iat_cv": _round(_cv(np.diff(times)), 4),
+            "input_tokens_p50": float(np.percentile(trace.input_tokens[mine], 50)),
+            "output_tokens_p50": float(np.percentile(trace.output_tokens[mine], 50)),
+        }
+    out["tenants"] = described
+    return out
 
 
 def format_timestamp_label(label: str) -> str:

@@ -219,3 +219,42 @@ def test_cli_maps_trace_error_to_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert err.startswith("headway: error: ")
     assert "line 2: column `input_tokens` has 'ten'" in err
+
+
+def test_per_tenant_shares_concentration_and_burstiness() -> None:
+    """A dominant tenant of 1-token calls, a bursty heavy one, a tail of 20 small ones:
+    `trace stats` reports each large tenant's shares, rate, CV and lengths, and the
+    concentration of requests and tokens (the aggregate hid all three)."""
+    rng = np.random.default_rng(3)
+    light = np.sort(rng.uniform(0, 600, 6000))
+    bursts = np.concatenate([rng.uniform(s, s + 5, 150) for s in range(0, 600, 100)])
+    tail = rng.uniform(0, 600, 400)
+    times = np.concatenate([light, bursts, tail])
+    tenant = np.array(["light"] * light.size + ["bursty"] * bursts.size
+                      + [f"t{i % 20}" for i in range(tail.size)], dtype=object)  # fmt: skip
+    inputs = np.concatenate([np.full(light.size, 100), np.full(bursts.size, 4000),
+                             np.full(tail.size, 500)])  # fmt: skip
+    outputs = np.concatenate([np.full(light.size, 1), np.full(bursts.size, 400),
+                              np.full(tail.size, 50)])  # fmt: skip
+    order = np.argsort(times, kind="stable")
+    trace = TraceData(
+        name="mt",
+        kind="generic",
+        arrival_s=times[order] - times.min(),
+        input_tokens=inputs[order].astype(np.int64),
+        output_tokens=outputs[order].astype(np.int64),
+        tenant=tenant[order],
+    )
+    stats = trace_stats(trace)
+    assert stats["n_tenants"] == 22
+    requests = stats["tenant_request_concentration"]
+    assert isinstance(requests, dict) and requests["top1"] == round(6000 / 7300, 4)
+    tokens = stats["tenant_token_concentration"]
+    assert isinstance(tokens, dict) and tokens["top1"] > 0.8  # the bursty tenant's tokens
+    tenants = stats["tenants"]
+    assert isinstance(tenants, dict) and list(tenants)[:2] == ["light", "bursty"]
+    light_t, bursty_t = tenants["light"], tenants["bursty"]
+    assert light_t["output_tokens_p50"] == 1.0 and bursty_t["output_tokens_p50"] == 400.0
+    assert bursty_t["iat_cv"] > 3 > light_t["iat_cv"]  # bursts of 150 in 5 s every 100 s
+    assert abs(light_t["mean_rate_rps"] - 10.0) < 0.5
+    assert len(tenants) == 10  # the 10 largest by requests (the same 10 by tokens)

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -157,6 +158,58 @@ class _Bars:
         self._progress.update(task.id, advance=points, total=total)
 
 
+class _Lines:
+    """Progress as plain lines on stderr, for a log or a pipe (no terminal to draw bars
+    on): a line when a stage starts, then one each tenth of its points or each
+    ``every_s`` seconds, whichever comes first."""
+
+    def __init__(self, enabled: bool, every_s: float = 30.0) -> None:
+        self.enabled = enabled
+        self.every_s = every_s
+        self._name = ""
+        self._total = 0
+        self._done = 0
+        self._started = self._said = 0.0
+        self._said_done = 0
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self._say(force=True)
+
+    def _say(self, force: bool = False) -> None:
+        if not self.enabled or not self._name:
+            return
+        now = time.monotonic()
+        step = max(1, self._total // 10)
+        due = self._done - self._said_done >= step or now - self._said >= self.every_s
+        if not (force or due) or (force and self._done == self._said_done):
+            return
+        sys.stderr.write(
+            f"plan: {self._name}: {self._done}/{max(self._total, self._done)} points, "
+            f"{now - self._started:.0f} s\n"
+        )
+        sys.stderr.flush()
+        self._said, self._said_done = now, self._done
+
+    def stage(self, name: str, total: int) -> None:
+        """A stage starts: say so."""
+        self._say(force=True)  # where the previous one ended
+        self._name, self._total, self._done = name, total, 0
+        self._started = self._said = time.monotonic()
+        self._said_done = 0
+        if self.enabled:
+            sys.stderr.write(f"plan: {name}: about {total} points\n")
+            sys.stderr.flush()
+
+    def advance(self, points: int) -> None:
+        """More points finished."""
+        self._done += points
+        self._say()
+
+
 def _keep_simulated_plan(out: Path) -> None:
     """Refuse to replace a simulated plan (minutes of CPU) with an analytic-only one."""
     try:
@@ -211,7 +264,8 @@ def _plan(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
     executor: PointExecutor | None = None
     console = Console()
-    with _Bars(enabled=not args.analytic_only) as bars:
+    progress = _Bars if sys.stderr.isatty() else _Lines
+    with progress(enabled=not args.analytic_only) as bars:
         try:
             if not args.analytic_only and choice.spec is not None:
                 address = args.ray_address or os.environ.get("RAY_ADDRESS")

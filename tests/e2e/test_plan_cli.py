@@ -94,6 +94,10 @@ def test_plan_writes_plan_and_report_and_report_rerenders(
     )
     assert sim["cluster_source"].startswith(str(c))
     assert sim["knee"]["found"] and sim["cost"]["cost_per_successful_task"] > 0
+    # Issue 17: the seeds' knees are their own crossings, so the interval has a width.
+    knees = [s["knee_tasks_per_s"] for s in sim["knee"]["seeds"]]
+    assert len(set(knees)) == len(knees) == 2, knees
+    assert sim["knee"]["tasks_per_s_low"] < sim["knee"]["tasks_per_s_high"]
     # Issue 16, defect 14: the knee says which load it scaled (sweep's scales the file).
     knee_line = next(line for line in plan["summary"] if line.startswith("The knee of"))
     assert "a steady load at the peak's mix, bursts left out" in knee_line, knee_line

@@ -74,6 +74,7 @@ class SeedKnee(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     knee: Knee
     knee_tasks_per_s: float
+    """Where this seed's attainment crosses the target (:func:`crossing_load_factor`)."""
     upper_tasks_per_s: float | None
     points: int
 
@@ -86,7 +87,8 @@ class KneeEstimate(msgspec.Struct, frozen=True, kw_only=True):
     peak_tasks_per_s: float
     found: bool
     tasks_per_s: float
-    """Mean over seeds of the largest rate found at target."""
+    """Mean over seeds of the rate where attainment crosses the target (interpolated
+    within each seed's bracket)."""
     tasks_per_s_low: float
     tasks_per_s_high: float
     """95% confidence interval of the mean (Student's t over seeds)."""
@@ -267,12 +269,29 @@ def knee_of_seed(runner: PointRunner, replicas: int, seed: int) -> SeedKnee:
     return SeedKnee(
         seed=seed,
         knee=knee,
-        knee_tasks_per_s=knee.load_factor * peak,
+        knee_tasks_per_s=crossing_load_factor(knee, searched) * peak,
         upper_tasks_per_s=knee.upper_load_factor * peak
         if math.isfinite(knee.upper_load_factor)
         else None,
         points=len(searched),
     )
+
+
+def crossing_load_factor(knee: Knee, points: Sequence[SweepPoint]) -> float:
+    """Where attainment crosses the target between the bracket's two points, by linear
+    interpolation of their attainments. The bracket's lower end alone is a point of the
+    search grid that every seed tends to land on, so an interval over seeds of it was
+    zero wide (616-616) whatever the run-to-run variance; the crossing moves with each
+    seed's attainments. The lower end when the bracket is open (not found, saturated)."""
+    if not knee.found or not math.isfinite(knee.upper_load_factor):
+        return knee.load_factor
+    by_load = {p.load_factor: p.slo_attainment for p in points}
+    low = by_load.get(knee.load_factor)
+    high = by_load.get(knee.upper_load_factor)
+    if low is None or high is None or low <= high:
+        return knee.load_factor
+    share = min(max((low - knee.target) / (low - high), 0.0), 1.0)
+    return knee.load_factor + share * (knee.upper_load_factor - knee.load_factor)
 
 
 def combine_knees(runner: PointRunner, replicas: int, seeds: list[SeedKnee]) -> KneeEstimate:

@@ -156,7 +156,8 @@ def summarize_plan(
         k = sim.knee
         interval = (
             f" (95% interval {k.tasks_per_s_low:.3g}–{k.tasks_per_s_high:.3g} over "
-            f"{len(k.seeds)} seeds)"
+            f"{len(k.seeds)} seeds, each where its attainment crosses the target, "
+            "interpolated between the two loads that bracket it)"
             if len(k.seeds) > 1
             else ""
         )

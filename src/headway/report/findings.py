@@ -98,7 +98,15 @@ def capacity_section(sim: dict[str, Any]) -> str:
             f"tasks/s</b> (95% interval {knee['tasks_per_s_low']:.3g}–"
             f"{knee['tasks_per_s_high']:.3g}), against a peak of {knee['peak_tasks_per_s']:.3g}; "
             f"saturated, the cluster completes {knee['saturation_tasks_per_s']:.3g} tasks/s.</p>"
-            + table(["seed", "knee (tasks/s, met target)", "first miss (tasks/s)", "points"], rows)
+            + table(
+                [
+                    "seed",
+                    "knee (tasks/s, where attainment crosses the target)",
+                    "first miss (tasks/s)",
+                    "points",
+                ],
+                rows,
+            )
         )
     return f"<h2>Capacity at SLO</h2><div class='plots'>{attain}{goodput}</div>{text}"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from headway.core.workload.spec import (
     Empirical,
     JointTokens,
     TaskClass,
+    Tenant,
     TraceReplay,
     WorkloadSpec,
 )
@@ -347,6 +349,7 @@ def resolve_traces(spec: WorkloadSpec, base_dir: Path, source: str) -> LoadedWor
         if isinstance(src.arrivals, TraceReplay):
             replay = src.arrivals
             traces[replay.path] = get(replay.path, replay.format, replay.columns)
+    spec = _with_trace_tenants(spec, traces)
     classes = {name: _inline_class(cls, get) for name, cls in spec.classes.items()}
     if classes != spec.classes:
         spec = msgspec.structs.replace(spec, classes=classes)
@@ -420,3 +423,38 @@ def _drop_defaults(obj: Any, data: Any) -> Any:
     if isinstance(obj, list) and isinstance(data, list):
         return [_drop_defaults(o, d) for o, d in zip(obj, data, strict=True)]
     return data
+
+
+def _with_trace_tenants(spec: WorkloadSpec, traces: Mapping[str, TraceData]) -> WorkloadSpec:
+    """``spec`` with the tenants its replayed traces name and ``tenants`` does not list,
+    each with a ``share`` of its token work in those traces (as ``trace fit`` gives them),
+    so that a trace of fifty tenants replays without listing them by hand. When the file
+    lists no tenants at all, the implicit ``default`` tenant gives way to them."""
+    work: dict[str, float] = {}
+    for src in spec.sources:
+        if not isinstance(src.arrivals, TraceReplay):
+            continue
+        trace = traces.get(src.arrivals.path)
+        if trace is None or trace.tenant is None:
+            continue
+        names, index = np.unique(trace.tenant.astype(str), return_inverse=True)
+        tokens = np.bincount(
+            index, weights=(trace.input_tokens + trace.output_tokens).astype(np.float64)
+        )
+        for name, amount in zip(names.tolist(), tokens.tolist(), strict=True):
+            if name not in spec.tenants:
+                work[name] = work.get(name, 0.0) + amount
+    if not work:
+        return spec
+    total = sum(work.values())
+    added = {
+        name: Tenant(share=round(amount / total, 6) if total > 0 else 1.0)
+        for name, amount in sorted(work.items())
+    }
+    implicit = list(spec.tenants) == ["default"] and spec.tenants["default"] == Tenant()
+    unused = implicit and all(
+        isinstance(s.arrivals, TraceReplay) or (s.tenants and "default" not in s.tenants)
+        for s in spec.sources
+    )
+    tenants = dict(added) if unused else {**spec.tenants, **added}
+    return msgspec.structs.replace(spec, tenants=tenants)

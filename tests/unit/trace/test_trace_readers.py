@@ -413,3 +413,26 @@ def test_a_workload_replays_a_trace_with_its_column_mapping(tmp_path: Path) -> N
     )
     loaded = load_workload(tmp_path / "w.yaml")
     assert loaded.traces["t.csv"].input_tokens.tolist() == [100, 200, 300]
+
+
+def test_a_replay_takes_its_tenants_from_the_trace(tmp_path: Path) -> None:
+    """A trace of many tenants replays without listing them under `tenants` (it refused:
+    "the trace names tenants a, b that `tenants` does not define"); each gets a share of
+    its token work, and tenants the file does list keep their settings."""
+    from headway.core.workload.compile import compile_workload
+    from headway.files.workload import load_workload
+
+    rows = ["timestamp_s,input_tokens,output_tokens,tenant", "0,10,0,a", "1,20,10,b",
+            "2,30,0,a"]  # fmt: skip
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    head = ("name: w\nduration_s: 3\nclasses: {c: {input_tokens: 1, output_tokens: 1}}\n"
+            "sources:\n  - {name: s, arrivals: {process: trace, path: t.csv}}\n")  # fmt: skip
+    (tmp_path / "w.yaml").write_text(head)
+    spec = load_workload(tmp_path / "w.yaml").spec
+    assert set(spec.tenants) == {"a", "b"}  # the implicit `default` gave way
+    assert spec.tenants["a"].share == pytest.approx(40 / 70)
+    run = compile_workload(spec, traces=load_workload(tmp_path / "w.yaml").traces)
+    assert [run.tenant_names[t] for t in run.task_tenant] == ["a", "b", "a"]
+    (tmp_path / "w.yaml").write_text(head + "tenants: {a: {weight: 3}}\n")
+    listed = load_workload(tmp_path / "w.yaml").spec
+    assert listed.tenants["a"].weight == 3 and set(listed.tenants) == {"a", "b"}

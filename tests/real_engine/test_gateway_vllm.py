@@ -536,7 +536,13 @@ def test_kill_decode_drill_against_the_replicas(
                         log_path=victim.log_path, url=victim.url, pid=victim.pid)  # fmt: skip
     # tpot_s: a step is 10-50 ms at a few streams with passive OpenMP threads (the
     # module's 0.5 s predates them and would refuse every 40-token call as unmeetable).
-    config = _config(urls, tenants=dict(TENANTS), eject_s=2.0, tpot_s=0.05, pool={
+    # eject_s and attempts as in the drill's own stack (LocalStack.gateway_config); a
+    # retry budget of 20% (Finagle's and Envoy's default): one replica of two holds half
+    # the calls in flight, more than the default 10% of this rate's 10 s window (at least
+    # 3 retries) lets be retried: a CI run had 4 to retry, and one got a 502.
+    config = _config(urls, tenants=dict(TENANTS), eject_s=2.0, tpot_s=0.05, retries={
+        "max_attempts": 3, "backoff_base_s": 0.0, "backoff_max_s": 0.2,
+        "budget_ratio": 0.2}, pool={
         "fingerprints": {f"r{n}": _fingerprint(u) for n, u in enumerate(urls)},
         "probe_max_tokens": 2, "probe_interval_s": 1.0, "probe_deadline_s": 1.0,
         "warmup_probes": 1})  # fmt: skip

@@ -86,6 +86,9 @@ class UpstreamState:
     """What the pool says (always True without a pool)."""
     down_until_s: float = 0.0
     """Passive ejection: after a connection failure it is not routed to until then."""
+    failures_in_a_row: int = 0
+    """Connection failures since its last answer: each ejection lasts twice the one
+    before (:meth:`eject`)."""
     outstanding_requests: int = 0
     outstanding_tokens: int = 0
     projected_blocks: int = 0
@@ -98,6 +101,23 @@ class UpstreamState:
             and not self.draining
             and (self.down_until_s == 0.0 or now >= self.down_until_s)
         )
+
+    def eject(self, now: float, eject_s: float) -> None:
+        """A connection to it failed: out of rotation for ``eject_s`` × 2^(failures in a
+        row − 1), at most 16 × ``eject_s`` (a dead engine with no calls is the least
+        loaded one: every ejection that ends while it is still down costs a call an
+        attempt). An answer (:meth:`answered`) or a passing probe ends the run."""
+        self.failures_in_a_row += 1
+        self.down_until_s = now + eject_s * 2.0 ** min(self.failures_in_a_row - 1, 4)
+
+    def answered(self) -> None:
+        """It answered a call: the next failure starts a fresh run of ejections."""
+        self.failures_in_a_row = 0
+
+    def reachable_again(self) -> None:
+        """Its readiness probe passed: the passive ejection ends now."""
+        self.failures_in_a_row = 0
+        self.down_until_s = 0.0
 
     @property
     def free_kv_blocks(self) -> int:
@@ -563,7 +583,16 @@ class GatewayCore:
             if lease.dead:
                 self.skipped_dead += 1
                 continue
-            index = self._route(now, lease)
+            index = self._route(now, lease, exclude=lease.tried)
+            if index is None and lease.tried:
+                # A retry waits for an upstream it has not failed on, unless none other
+                # is routable at all (full ones count: it waits for their slot).
+                others = [
+                    u for u in self.source.upstreams()
+                    if u.ready_at(now) and u not in lease.tried and _serves(u, lease.route)
+                ]  # fmt: skip
+                if not others:
+                    index = self._route(now, lease)
             if index is None:
                 # Every upstream able to take it is full (a revision pin): give it back
                 # its place at the front of its line and stop.

@@ -1,16 +1,21 @@
-"""The ``headway workload`` verbs: ``check`` a file, print its JSON ``schema``."""
+"""The ``headway workload`` verbs: ``check`` a file, ``compile`` one run's calls to a
+trace, print its JSON ``schema``."""
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
+from headway.core.trace_data import PRIORITIES
 from headway.core.workload.compile import compile_workload
 from headway.core.workload.validate import unbounded_classes
+from headway.files.output import output_file, write_text_atomic
 from headway.files.reference import workload_json_schema
 from headway.files.workload import load_workload
 from headway.verbs import VERBS
@@ -31,6 +36,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("workload", metavar="WORKLOAD")
     check.add_argument("--seed", type=int, default=None, help="run seed (default: the file's)")
     check.set_defaults(handler=_check)
+    compile_ = verbs.add_parser(
+        "compile",
+        help="write the calls one run of a workload generates, as a trace",
+        description="Compile one run of a workload and write its calls in headway's generic "
+        "trace format (CSV, or JSON Lines for a .jsonl name): timestamp_s, input_tokens, "
+        "output_tokens, tenant, priority and session_id (the call's task), the file "
+        "`simulate` and `bench` replay with `process: trace`. The calls of a multi-call "
+        "task are stamped with their task's arrival: replayed as a trace they are sent "
+        "together, not step after step.",
+    )
+    compile_.add_argument("workload", metavar="WORKLOAD")
+    compile_.add_argument("-o", "--output", type=output_file, required=True,
+                          help="the trace file to write (.csv or .jsonl)")  # fmt: skip
+    compile_.add_argument("--seed", type=int, default=None, help="run seed (default: the file's)")
+    compile_.set_defaults(handler=_compile)
     schema = verbs.add_parser("schema", help="print the JSON Schema of the workload format")
     schema.set_defaults(handler=_schema)
 
@@ -62,6 +82,41 @@ def _check(args: argparse.Namespace) -> int:
             f"file until a class has one; add e.g. `classes.{name}.slo: {{ttft_s: 2.0, "
             "tpot_s: 0.1}`\n"
         )
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """``headway workload compile``: the run's calls as a generic trace; exit code 0."""
+    loaded = load_workload(args.workload)
+    run = compile_workload(loaded.spec, seed=args.seed, traces=loaded.traces)
+    task = run.call_task
+    rows = {
+        "timestamp_s": [f"{t:.9g}" for t in run.task_arrival_s[task].tolist()],
+        "input_tokens": [str(n) for n in run.call_input_tokens.tolist()],
+        "output_tokens": [str(n) for n in run.call_output_tokens.tolist()],
+        "tenant": [run.tenant_names[i] for i in run.task_tenant[task].tolist()],
+        "priority": [PRIORITIES[i] for i in run.task_priority[task].tolist()],
+        "session_id": [f"task-{i}" for i in task.tolist()],
+    }
+    names = list(rows)
+    count = len(task)
+    if str(args.output).endswith((".jsonl", ".ndjson")):
+        numbers = {"timestamp_s": float, "input_tokens": int, "output_tokens": int}
+        lines = [
+            json.dumps({k: numbers.get(k, str)(rows[k][i]) for k in names}) for i in range(count)
+        ]
+        text = "".join(line + "\n" for line in lines)
+    else:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(zip(*(rows[k] for k in names), strict=True))
+        text = out.getvalue()
+    write_text_atomic(args.output, text)
+    sys.stderr.write(
+        f"headway workload compile: {count} calls of {len(run.task_arrival_s)} tasks over "
+        f"{run.duration_s:g} s (seed {run.seed}) -> {args.output}\n"
+    )
     return 0
 
 

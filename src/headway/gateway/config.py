@@ -231,7 +231,8 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     eject_s: float = 5.0
     """After a connection failure, an upstream is not routed to for this long (passive
-    health; the upstream pool's probes do better)."""
+    health; the upstream pool's probes do better); each failure in a row doubles it, to
+    at most 16×, until the upstream answers a call or its probes pass again."""
 
     connect_timeout_s: float = 5.0
     """Connecting to an upstream; past it the attempt fails (and may be retried)."""

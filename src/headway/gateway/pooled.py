@@ -61,7 +61,10 @@ class PoolSource:
         state = self._by_url.get(u.url)
         if state is None:
             return
+        came_back = u.ready and not state.healthy
         state.healthy = u.ready or (u.draining and u.health in ("ready", "busy"))
+        if came_back:  # back in rotation by its probes: the passive ejection ends too
+            state.reachable_again()
         if u.kv_blocks_total:
             state.total_kv_blocks = u.kv_blocks_total
         self.on_change()

@@ -751,20 +751,22 @@ class GatewayServer:
                     last = (resp.status, error_body, resp.headers.get("Content-Type"))
                 else:
                     try:
-                        return await self._answer(request, parsed, lease, resp, record)
+                        answer = await self._answer(request, parsed, lease, resp, record)
+                        upstream.answered()
+                        return answer
                     except _Unanswered:
                         failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
                         last = (502, _UPSTREAM_FAILED, "application/json")
                         # The connection broke under the answer (a dying engine accepts
                         # connections for seconds while its memory is freed): no more
                         # calls go there until it is back, as after a refused connect.
-                        upstream.down_until_s = time.monotonic() + self.config.eject_s
+                        upstream.eject(time.monotonic(), self.config.eject_s)
                     finally:
                         resp.close()
             lease.phase = Phase.UNSENT  # the engine failed it before any output
             self.m_upstream_errors.inc(upstream.url)
             if failure is FailureKind.CONNECT_ERROR:
-                upstream.down_until_s = time.monotonic() + self.config.eject_s
+                upstream.eject(time.monotonic(), self.config.eject_s)
             decision = ctl.retries.next_attempt(
                 ctl.now(),
                 attempt,

@@ -160,8 +160,8 @@ class _Bars:
 
 class _Lines:
     """Progress as plain lines on stderr, for a log or a pipe (no terminal to draw bars
-    on): a line when a stage starts, then one each tenth of its points or each
-    ``every_s`` seconds, whichever comes first."""
+    on): a line when a stage's first point is done, then one each tenth of its points or
+    each ``every_s`` seconds, whichever comes first."""
 
     def __init__(self, enabled: bool, every_s: float = 30.0) -> None:
         self.enabled = enabled
@@ -171,6 +171,7 @@ class _Lines:
         self._done = 0
         self._started = self._said = 0.0
         self._said_done = 0
+        self._announced = False
 
     def __enter__(self) -> _Lines:
         return self
@@ -195,17 +196,19 @@ class _Lines:
         self._said, self._said_done = now, self._done
 
     def stage(self, name: str, total: int) -> None:
-        """A stage starts: say so."""
+        """A stage starts (said with its first point: a mistake found by the first point
+        stays the one line on stderr)."""
         self._say(force=True)  # where the previous one ended
         self._name, self._total, self._done = name, total, 0
         self._started = self._said = time.monotonic()
         self._said_done = 0
-        if self.enabled:
-            sys.stderr.write(f"plan: {name}: about {total} points\n")
-            sys.stderr.flush()
+        self._announced = False
 
     def advance(self, points: int) -> None:
         """More points finished."""
+        if self.enabled and not self._announced:
+            self._announced = True
+            sys.stderr.write(f"plan: {self._name}: about {self._total} points\n")
         self._done += points
         self._say()
 

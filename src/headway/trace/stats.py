@@ -101,7 +101,10 @@ def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
     requests = np.bincount(index, minlength=names.size).astype(np.float64)
     tokens = np.bincount(index, weights=work, minlength=names.size)
     request_share = requests / requests.sum()
-    token_share = tokens / tokens.sum() if tokens.sum() > 0 else np.zeros_like(tokens)
+    total_tokens = float(tokens.sum())
+    token_share: FloatArray = (
+        tokens / total_tokens if total_tokens > 0 else np.zeros(names.size, dtype=np.float64)
+    )
 
     def top(shares: FloatArray, k: int) -> float:
         return round(float(np.sort(shares)[::-1][:k].sum()), 4)

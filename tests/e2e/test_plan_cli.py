@@ -265,3 +265,28 @@ def test_plan_flags_are_checked(
     assert "--seeds must be >= 1" in capsys.readouterr().err
     assert main(["plan", str(w), "--point-duration-s", "-5"]) == 2
     assert "--point-duration-s must be > 0" in capsys.readouterr().err
+    assert main(["plan", str(w), "--stages", "knee,typo"]) == 2
+    err = capsys.readouterr().err
+    assert "--stages: unknown stage 'typo'" in err and "replicas,knee,bursts,bad-days" in err
+
+
+def test_stages_choose_what_the_plan_simulates(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--stages replicas,knee` (issue 17): the count and the knee, without the replay of
+    the workload as written or the bad-day matrix; the plan says what it left out."""
+    w, c = files
+    out = tmp_path / "out"
+    args = ["plan", str(w), "--cluster", str(c), "--out", str(out), "--jobs", "1", *QUICK]
+    assert main([*args, "--stages", "knee,replicas"]) == 0
+    capsys.readouterr()
+    plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    assert plan["complete"] is True
+    sim = plan["simulated"]
+    assert sim["replica_search"]["recommended"] >= 1 and sim["knee"]["found"]
+    assert sim["replay"] is None and sim["bursts"] == [] and plan["bad_days"] is None
+    assert (
+        "Not run (--stages): bursts, bad-days; this plan holds the other stages only."
+        in (plan["summary"])
+    )
+    assert (out / "report.html").read_text(encoding="utf-8").startswith("<!doctype html>")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from headway.core.errors import ConfigError
 from headway.files.output import output_folder
-from headway.planner import STEADY_POINT_DURATION_S
+from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.verbs import VERBS
 
 if TYPE_CHECKING:  # the verb's machinery (scipy, the simulator) loads when it runs
@@ -77,6 +77,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=STEADY_POINT_DURATION_S,
         help="simulated seconds of each steady sweep point (default %(default)g)",
+    )
+    parser.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        metavar="STAGE,...",
+        help=f"the simulated stages to run, of {','.join(STAGES)} (default: all); e.g. "
+        "replicas,knee for the count and the knee without the replay and the bad days",
     )
     parser.add_argument(
         "--analytic-only", action="store_true", help="only the analytic plan (no simulation)"
@@ -243,6 +250,15 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1 (got {args.seeds}); 3 gives an interval")
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages:
+        found = f"unknown stage {unknown[0]!r}" if unknown else "no stage"
+        raise ConfigError(
+            f"--stages: {found}; name some of {','.join(STAGES)} (or --analytic-only)",
+            path="--stages",
+        )
+    stages = tuple(s for s in STAGES if s in stages)  # in the order they run
     if not args.point_duration_s > 0:
         raise ConfigError(
             f"--point-duration-s must be > 0 (got {args.point_duration_s}); 180 is the default"
@@ -277,7 +293,9 @@ def _plan(args: argparse.Namespace) -> int:
                 spec,
                 choice,
                 executor,
-                settings=PlanSettings(seeds=args.seeds, steady_duration_s=args.point_duration_s),
+                settings=PlanSettings(
+                    seeds=args.seeds, steady_duration_s=args.point_duration_s, stages=stages
+                ),
                 traces=loaded.traces,
                 progress=bars,
                 analytic_only=args.analytic_only,

@@ -20,6 +20,7 @@ from headway.core.errors import ConfigError
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import WorkloadSpec
 from headway.core.workload.validate import require_latency_slo
+from headway.planner import STAGES
 from headway.planner.analytic import AnalyticPlan, plan_analytic
 from headway.planner.answer import Answer, plan_answer
 from headway.planner.compare import Comparison, compare
@@ -171,7 +172,12 @@ def build_plan(
         assert executor is not None
         sim, interrupted = _simulate(spec, analytic, choice, executor, settings, traces, progress)
     bad_days: BadDayMatrix | None = None
-    if sim is not None and interrupted is None and settings.bad_days:
+    if (
+        sim is not None
+        and interrupted is None
+        and settings.bad_days
+        and ("bad-days" in settings.stages)
+    ):
         bad_days, interrupted = _bad_days(spec, sim, settings, traces, progress, jobs)
     comparison = compare(spec, analytic, sim) if sim is not None else []
     answer = plan_answer(analytic, sim)
@@ -194,6 +200,7 @@ def build_plan(
                 interrupted=interrupted,
             ),
             *summarize_bad_days(bad_days),
+            *_stages_left_out(settings, sim),
         ],
         answer=answer,
         analytic=analytic,
@@ -202,6 +209,14 @@ def build_plan(
         slo_bounds=slo_bounds(spec),
         bad_days=bad_days,
     )
+
+
+def _stages_left_out(settings: PlanSettings, sim: SimulatedPlan | None) -> list[str]:
+    """A line naming the simulated stages ``--stages`` left out (none when all ran)."""
+    left = [s for s in STAGES if s not in settings.stages]
+    if sim is None or not left:
+        return []
+    return [f"Not run (--stages): {', '.join(left)}; this plan holds the other stages only."]
 
 
 def _bad_days(
@@ -263,23 +278,27 @@ def _simulate(
     seeds: list[SeedKnee] = []
     stage = "the replica search"
     replicas = choice.spec.replicas
+    stages = settings.stages
     try:
-        progress.stage("replicas for the peak", 8)
-        search = search_replicas(runner)
-        replicas = search.recommended or choice.spec.replicas
-        for i in range(settings.seeds):
+        if "replicas" in stages:
+            progress.stage("replicas for the peak", 8)
+            search = search_replicas(runner)
+            replicas = search.recommended or choice.spec.replicas
+        for i in range(settings.seeds if "knee" in stages else 0):
             stage = f"the knee search (seed {i + 1} of {settings.seeds})"
             progress.stage(f"knee, seed {i + 1}/{settings.seeds}", 8)
             found = knee_of_seed(runner, replicas, spec.seed + i)
             seeds.append(found)
             if i == 0:
                 sweep = _fill_curve(runner, replicas, spec.seed, found.knee.load_factor)
-        knee = combine_knees(runner, replicas, seeds)
-        stage = "the burst replay"
-        progress.stage("bursts replayed", 1)
-        run = replay(runner, replicas, traces)
-        bursts = check_bursts(spec, analytic, run, knee)
-        cost = cost_of(spec, choice.spec, run)
+        if seeds:
+            knee = combine_knees(runner, replicas, seeds)
+        if "bursts" in stages:
+            stage = "the burst replay"
+            progress.stage("bursts replayed", 1)
+            run = replay(runner, replicas, traces)
+            bursts = check_bursts(spec, analytic, run, knee)
+            cost = cost_of(spec, choice.spec, run)
         stage = ""
     except KeyboardInterrupt:
         if seeds and knee is None:

@@ -25,7 +25,7 @@ import msgspec
 from headway.core.engine.catalog import get_gpu
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import WorkloadSpec
-from headway.planner import STEADY_POINT_DURATION_S
+from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.planner.analytic import AnalyticPlan, Episode, fluid_episodes, source_profile
 from headway.planner.demand import peak_rates
 from headway.planner.executors import PointExecutor
@@ -49,6 +49,10 @@ class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Points each search round runs at once (fixed, so any executor finds the same plan)."""
     bad_days: bool = True
     """Run the bad-day matrix on the planned cluster (``headway.sim.baddays``)."""
+    stages: tuple[str, ...] = STAGES
+    """The simulated stages to run (:data:`STAGES`; ``plan --stages``): without
+    ``replicas`` the cluster file's count is planned; without ``knee`` the plan has no
+    knee; without ``bursts``, no replay of the workload as written (nor its cost)."""
 
 
 class ReplicaSearch(msgspec.Struct, frozen=True, kw_only=True):

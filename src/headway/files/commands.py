@@ -75,6 +75,13 @@ def _check(args: argparse.Namespace) -> int:
             f"{run.call_output_tokens[calls].mean():.0f}" if n_calls else "—",
         )
     Console().print(table)
+    for name, cls in loaded.spec.classes.items():
+        if cls.slo.placeholder:
+            sys.stderr.write(
+                f"headway: warning: classes.{name}.slo is a placeholder (`placeholder: true`, "
+                "written by `headway trace fit`), not your promise: edit its bounds and "
+                "remove `placeholder` before planning on it\n"
+            )
     for name in unbounded_classes(loaded.spec):
         sys.stderr.write(
             f"headway: warning: classes.{name}.slo names no latency bound (ttft_s, tpot_s "

@@ -201,6 +201,7 @@ def build_plan(
             ),
             *summarize_bad_days(bad_days),
             *_stages_left_out(settings, sim),
+            *_placeholder_slos(spec),
         ],
         answer=answer,
         analytic=analytic,
@@ -209,6 +210,18 @@ def build_plan(
         slo_bounds=slo_bounds(spec),
         bad_days=bad_days,
     )
+
+
+def _placeholder_slos(spec: WorkloadSpec) -> list[str]:
+    """A line naming the classes whose SLO is ``trace fit``'s placeholder."""
+    names = [n for n, c in spec.classes.items() if c.slo.placeholder]
+    if not names:
+        return []
+    return [
+        f"The SLO of {', '.join(f'classes.{n}' for n in names)} is a placeholder that "
+        "`trace fit` wrote, not your promise: this plan holds it, and a plan on your "
+        "promise may differ (edit the bounds and remove `placeholder`)."
+    ]
 
 
 def _stages_left_out(settings: PlanSettings, sim: SimulatedPlan | None) -> list[str]:

@@ -199,7 +199,12 @@ def _fit(args: argparse.Namespace) -> int:
         f"# {spec.description}\n# headway trace fit {args.file} -o {args.output}\n"
         "# classes.trace.slo and planning (at the end) are defaults to edit, not measurements.\n"
     )
-    what = "as given" if given else "a default of `headway trace fit`: edit it to your promise"
+    what = (
+        "as given"
+        if given
+        else "a default of `headway trace fit` (placeholder: true): edit it to your promise "
+        "and remove `placeholder`"
+    )
     text = dump_workload(spec).replace("\n    slo: ", f"\n    # The SLO is {what}.\n    slo: ", 1)
     write_text_atomic(args.output, header + text + _PLANNING)
     bounds = f"TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s, {slo.attainment_target:.0%}"
@@ -237,8 +242,9 @@ def _fit_slo(args: argparse.Namespace) -> tuple[Slo, bool]:
     ttft_s = DEFAULT_SLO.ttft_s if args.slo_ttft_s is None else args.slo_ttft_s
     tpot_s = DEFAULT_SLO.tpot_s if args.slo_tpot_s is None else args.slo_tpot_s
     target = DEFAULT_SLO.attainment_target if args.slo_target is None else args.slo_target
+    given = any(v is not None for v in flags)
     try:
-        slo = Slo(ttft_s=ttft_s, tpot_s=tpot_s, attainment_target=target)
+        slo = Slo(ttft_s=ttft_s, tpot_s=tpot_s, attainment_target=target, placeholder=not given)
     except ValueError as error:
         raise ConfigError(f"--slo-ttft-s, --slo-tpot-s, --slo-target: {error}") from None
-    return slo, any(v is not None for v in flags)
+    return slo, given

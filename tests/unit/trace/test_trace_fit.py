@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from scipy import stats
@@ -120,17 +121,27 @@ def test_a_fitted_workload_carries_a_default_slo_and_planning_it_says_to_edit(
     assert "planning (planning_factor 0.7, failures_tolerated 0) is a default" in said
     assert "gives no cost per task" in said and "price_per_hour" in said
     text = out.read_text(encoding="utf-8")
-    assert "# The SLO is a default of `headway trace fit`: edit it to your promise." in text
+    assert "# The SLO is a default of `headway trace fit` (placeholder: true)" in text
     assert "\nplanning:\n  planning_factor: 0.7" in text and "# No price" in text
     spec = load_workload(out).spec
-    assert spec.classes["trace"].slo == DEFAULT_SLO and spec.planning == Planning()
+    slo = spec.classes["trace"].slo
+    assert slo.placeholder and msgspec.structs.replace(slo, placeholder=False) == DEFAULT_SLO
+    assert spec.planning == Planning()
     assert unbounded_classes(spec) == []
     require_latency_slo(spec, "plan")  # plan takes it as written
+    # Issue 17: `workload check` flags the placeholder (the comment alone was lost to a
+    # reader of the parsed file), and a plan on it says so in its summary.
+    assert main(["workload", "check", str(out)]) == 0
+    assert "classes.trace.slo is a placeholder" in capsys.readouterr().err
+    from headway.planner.plan import _placeholder_slos
+
+    assert "classes.trace is a placeholder" in _placeholder_slos(spec)[0]
     assert main(["trace", "fit", str(source), "-o", str(out), "--slo-ttft-s", "0.5",
                  "--slo-tpot-s", "0.05", "--slo-target", "0.95"]) == 0  # fmt: skip
     assert "slo (TTFT 0.5 s, TPOT 0.05 s, 95%) is as given" in capsys.readouterr().out
     slo = load_workload(out).spec.classes["trace"].slo
     assert (slo.ttft_s, slo.tpot_s, slo.attainment_target) == (0.5, 0.05, 0.95)
+    assert not slo.placeholder
     assert "# The SLO is as given." in out.read_text(encoding="utf-8")
     bad = tmp_path / "bad.yaml"
     assert main(["trace", "fit", str(source), "-o", str(bad), "--slo-ttft-s", "-1"]) == 2

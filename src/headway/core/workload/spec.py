@@ -504,6 +504,10 @@ class Slo(_Spec, frozen=True, kw_only=True):
     attainment_target: float = 0.9
     """The fraction of requests that must meet the SLO; the knee is where this breaks."""
 
+    placeholder: bool = False
+    """``true``: a default that ``headway trace fit`` wrote, not a promise anyone made;
+    ``workload check`` and ``plan`` say so until it is edited and this is removed."""
+
     @property
     def bounds_latency(self) -> bool:
         """True when a call can miss it: it names ``ttft_s``, ``tpot_s`` or ``e2e_s``

@@ -27,7 +27,6 @@ The live gateway (:mod:`headway.gateway.control`) drives it on the wall clock.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -228,8 +227,6 @@ class GatewayCore:
         """Dispatched (slot-holding) requests per tenant, for the slot shares."""
         self._completions: dict[str, WindowCounter] = {}
         self._last_seen: dict[str, float] = {}
-        self._deadlines: list[tuple[float, int, Lease]] = []
-        self._seq = 0
         self._outcomes: list[Outcome] = []
         self.expired = 0
         self.skipped_dead = 0
@@ -274,10 +271,7 @@ class GatewayCore:
 
     def next_timer_s(self) -> float | None:
         """When :meth:`expire` must next run: the earliest deadline of a queued lease."""
-        heap = self._deadlines
-        while heap and not heap[0][2].queued:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        return self.queues.next_deadline_s()
 
     # -- state -----------------------------------------------------------------------------
 
@@ -458,17 +452,11 @@ class GatewayCore:
             self._give_back(now, request.tenant, request.cost_tokens)
             return refused
         self._count_in(request.tenant)
-        self._queued(lease)
+        lease.queued = True
         if self.settings.tenant_slot_headroom is not None:
             # Slots may be free while a capped tenant's requests wait ahead of this one.
             self.pump(now)
         return lease
-
-    def _queued(self, lease: Lease) -> None:
-        lease.queued = True
-        if lease.deadline_s is not None:
-            self._seq += 1
-            heapq.heappush(self._deadlines, (lease.deadline_s, self._seq, lease))
 
     def _count_in(self, tenant: str) -> None:
         self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
@@ -520,7 +508,7 @@ class GatewayCore:
             now, lease, band=lease.band, tenant=lease.tenant, cost_tokens=lease.cost_tokens,
             deadline_s=lease.deadline_s, front=True,
         )  # fmt: skip
-        self._queued(lease)
+        lease.queued = True
         self.pump(now)
 
     def _unload(self, lease: Lease) -> None:
@@ -607,9 +595,6 @@ class GatewayCore:
     def expire(self, now: float) -> None:
         """End the queued requests whose deadline passed (EXPIRED, never sent)."""
         gone_now = self.queues.expire(now)
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:  # expired now, or already gone
-            heapq.heappop(heap)
         if not gone_now:
             return
         # When to come back: the time its band's line needs to drain, as admission says

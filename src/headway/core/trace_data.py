@@ -123,6 +123,18 @@ class TraceData:
         """The number of requests."""
         return int(self.arrival_s.shape[0])
 
+    def tenant_work(self) -> tuple[list[str], IntArray, IntArray, FloatArray]:
+        """Per tenant (sorted by name): its name, the index of each request's tenant into
+        them, its requests and its token work (prompt plus output tokens). Raises
+        :class:`~headway.core.errors.TraceError` for a trace without a tenant column."""
+        if self.tenant is None:
+            raise TraceError(f"trace {self.name!r} has no tenant column")
+        names, index = np.unique(self.tenant.astype(str), return_inverse=True)
+        requests = np.bincount(index, minlength=names.size).astype(np.int64)
+        work = (self.input_tokens + self.output_tokens).astype(np.float64)
+        tokens = np.bincount(index, weights=work, minlength=names.size).astype(np.float64)
+        return [str(n) for n in names.tolist()], index.astype(np.int64), requests, tokens
+
     def select(self, mask_or_indices: npt.ArrayLike) -> TraceData:
         """The requests picked by a boolean mask or by integer indices, as a new trace.
 

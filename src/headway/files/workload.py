@@ -437,11 +437,8 @@ def _with_trace_tenants(spec: WorkloadSpec, traces: Mapping[str, TraceData]) -> 
         trace = traces.get(src.arrivals.path)
         if trace is None or trace.tenant is None:
             continue
-        names, index = np.unique(trace.tenant.astype(str), return_inverse=True)
-        tokens = np.bincount(
-            index, weights=(trace.input_tokens + trace.output_tokens).astype(np.float64)
-        )
-        for name, amount in zip(names.tolist(), tokens.tolist(), strict=True):
+        names, _, _, tokens = trace.tenant_work()
+        for name, amount in zip(names, tokens.tolist(), strict=True):
             if name not in spec.tenants:
                 work[name] = work.get(name, 0.0) + amount
     if not work:

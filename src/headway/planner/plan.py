@@ -172,12 +172,7 @@ def build_plan(
         assert executor is not None
         sim, interrupted = _simulate(spec, analytic, choice, executor, settings, traces, progress)
     bad_days: BadDayMatrix | None = None
-    if (
-        sim is not None
-        and interrupted is None
-        and settings.bad_days
-        and ("bad-days" in settings.stages)
-    ):
+    if sim is not None and interrupted is None and "bad-days" in settings.stages:
         bad_days, interrupted = _bad_days(spec, sim, settings, traces, progress, jobs)
     comparison = compare(spec, analytic, sim) if sim is not None else []
     answer = plan_answer(analytic, sim)

@@ -47,12 +47,11 @@ class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The replica search gives up above this."""
     points_per_round: int = 2
     """Points each search round runs at once (fixed, so any executor finds the same plan)."""
-    bad_days: bool = True
-    """Run the bad-day matrix on the planned cluster (``headway.sim.baddays``)."""
     stages: tuple[str, ...] = STAGES
     """The simulated stages to run (:data:`STAGES`; ``plan --stages``): without
     ``replicas`` the cluster file's count is planned; without ``knee`` the plan has no
-    knee; without ``bursts``, no replay of the workload as written (nor its cost)."""
+    knee; without ``bursts``, no replay of the workload as written (nor its cost); without
+    ``bad-days``, no bad-day matrix on the planned cluster (``headway.sim.baddays``)."""
 
 
 class ReplicaSearch(msgspec.Struct, frozen=True, kw_only=True):

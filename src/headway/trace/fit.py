@@ -100,13 +100,10 @@ def fit_workload(
     if trace.tenant is not None:
         # Shares by token work (prompt plus output), not by request count: the share
         # divides capacity among tenants, and a tenant of many 1-token calls is light.
-        names, index = np.unique(trace.tenant.astype(str), return_inverse=True)
-        work = np.bincount(
-            index, weights=(trace.input_tokens + trace.output_tokens).astype(np.float64)
-        )
+        names, _, _, work = trace.tenant_work()
         total = float(work.sum())
         tenants = {
-            str(k): Tenant(share=round(float(w) / total, 6) if total > 0 else 1.0 / len(names))
+            k: Tenant(share=round(float(w) / total, 6) if total > 0 else 1.0 / len(names))
             for k, w in zip(names, work, strict=True)
         }
     return WorkloadSpec(

@@ -719,19 +719,15 @@ def _generic_jsonl(source: _Source, rename: dict[str, str]) -> _GenericColumns:
     columns: _GenericColumns | None = None
     for line, text in source.lines():
         row = _json_object(source, line, text)
-        if rename:
-            row = {rename.get(k, k): v for k, v in row.items()}
         if columns is None:
-            names, ignored = _renamed(source, line, list(row), {}, "key")
-            if rename:  # the mapped names are in the row already; check the originals
-                original = list(_json_object(source, line, text))
-                _renamed(source, line, original, rename, "key")
-                ignored = [k for k in original if rename.get(k, k) not in _GENERIC_KNOWN]
+            names, ignored = _renamed(source, line, list(row), rename, "key")
             time_key = _time_key(source, line, names, "key")
-            present = [key for key in GENERIC_LABEL_COLUMNS if key in row]
+            present = [key for key in GENERIC_LABEL_COLUMNS if key in names]
             columns = _GenericColumns(
                 time_key, [], [], [], [], {key: [] for key in present}, ignored
             )
+        if rename:
+            row = {rename.get(k, k): v for k, v in row.items()}
         required = (columns.time_key, "input_tokens", "output_tokens")
         _require_keys(source, line, row, required, "generic")
         columns.lines.append(line)

@@ -95,22 +95,19 @@ of each (the rest are in the concentration figures)."""
 def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
     """Per-tenant shares and concentration, and each large tenant's own rate, burstiness
     and lengths: a trace's aggregate hides a tenant of 1-token calls or one that bursts."""
-    assert trace.tenant is not None
-    names, index = np.unique(trace.tenant.astype(str), return_inverse=True)
-    work = (trace.input_tokens + trace.output_tokens).astype(np.float64)
-    requests = np.bincount(index, minlength=names.size).astype(np.float64)
-    tokens = np.bincount(index, weights=work, minlength=names.size)
+    names, index, counts, tokens = trace.tenant_work()
+    requests = counts.astype(np.float64)
     request_share = requests / requests.sum()
     total_tokens = float(tokens.sum())
     token_share: FloatArray = (
-        tokens / total_tokens if total_tokens > 0 else np.zeros(names.size, dtype=np.float64)
+        tokens / total_tokens if total_tokens > 0 else np.zeros(len(names), dtype=np.float64)
     )
 
     def top(shares: FloatArray, k: int) -> float:
         return round(float(np.sort(shares)[::-1][:k].sum()), 4)
 
     out: dict[str, object] = {
-        "n_tenants": int(names.size),
+        "n_tenants": len(names),
         "tenant_request_concentration": {f"top{k}": top(request_share, k) for k in (1, 5, 10)},
         "tenant_token_concentration": {f"top{k}": top(token_share, k) for k in (1, 5, 10)},
     }

@@ -815,6 +815,17 @@ class PriorityQueues(Generic[T]):
         gone, self._pending_expired = self._pending_expired, []
         return gone
 
+    def next_deadline_s(self) -> float | None:
+        """When :meth:`expire` next has a request to return: the earliest deadline among
+        those waiting or already set aside as expired (None: no waiting request has one).
+        A driver arms its one expiry timer from it."""
+        pending = [q.deadline_s for q in self._pending_expired if q.deadline_s is not None]
+        heap = self._deadlines
+        while heap and not heap[0][2].alive:
+            heapq.heappop(heap)
+        waiting = [heap[0][0]] if heap else []
+        return min([*pending, *waiting], default=None)
+
     def withdraw(self, item: T, band: Band, tenant: str) -> bool:
         """Remove ``item`` unserved because its client went away (its tenant is not charged
         and its place frees at once, so abandoned requests never hold a queue's bound).

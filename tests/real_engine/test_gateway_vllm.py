@@ -225,11 +225,11 @@ def test_relays_completions_and_chat_streamed_and_not(
 
 
 def _shed_config(urls: list[str]) -> dict[str, Any]:
-    """Two slots (one per replica), two queue places, drain rates over 2 s."""
+    """Two slots (one per replica), two queue places, drain rates over 20 s."""
     return _config(
         urls, slots_per_upstream=1,
         queues={"critical_reserved_slots": 0, "interactive": {"max_queued_requests": 2},
-                "max_queued_per_tenant": 2, "drain_window_s": 2.0},
+                "max_queued_per_tenant": 2, "drain_window_s": 20.0},
     )  # fmt: skip
 
 
@@ -267,9 +267,9 @@ def test_burst_sheds_with_computed_retry_after_and_its_ticket_succeeds(
     replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest
 ) -> None:
     """Two long streams hold both slots; of a burst of 6, 2 queue and 4 are refused 429
-    queue_full. Once one slot frees and the line moves, a second burst's refusals carry a
-    Retry-After below the cap, computed from the measured drain, and a retry that waits
-    it with its ticket is served. (The first burst's Retry-After, before anything
+    queue_full. Once one slot frees and the line moves (a third long stream takes the slot
+    after it), a second burst's refusals carry a Retry-After below the cap, computed from
+    the measured drain, and a retry that waits it with its ticket is served. (The first burst's Retry-After, before anything
     drained, is timed at the slots' pace from tpot_s: reported, not asserted.)"""
     urls = _urls(replicas)
     depth = "headway_gateway_queue_depth_requests"
@@ -288,8 +288,16 @@ def test_burst_sheds_with_computed_retry_after_and_its_ticket_succeeds(
             _until(lambda: _value(_metrics(gw.url), depth) == 2, 10, "nothing queued")
             holders.pop().close()  # a slot frees: the line moves
             _until(lambda: _value(_metrics(gw.url), depth) < 2, 10, "the line never moved")
+            # A third long stream joins the line behind the short calls and takes the slot
+            # they leave, so the second burst finds both slots held however slowly a
+            # starved client sends it (short calls alone had drained before it came).
+            holders.append(_open(gw.url, stream=True, max_tokens=1500, read=False))
+            _until(lambda: all(f.done() for f in first), 60, "the line never drained")
+            _until(lambda: engines_busy(urls) == 2, 30, "the third stream never ran")
             second = [pool.submit(_chat, client, 4) for _ in range(4)]
             warm = _refusals(second)
+            for h in holders:
+                h.close()  # both slots free: the line drains
             wait_ms = int(warm["x-headway-retry-after-ms"])
             time.sleep(wait_ms / 1000.0)
             ticket = {"x-headway-retry-ticket": warm["x-headway-retry-ticket"]}

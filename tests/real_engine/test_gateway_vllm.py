@@ -269,8 +269,9 @@ def test_burst_sheds_with_computed_retry_after_and_its_ticket_succeeds(
     """Two long streams hold both slots; of a burst of 6, 2 queue and 4 are refused 429
     queue_full. Once one slot frees and the line moves (a third long stream takes the slot
     after it), a second burst's refusals carry a Retry-After below the cap, computed from
-    the measured drain, and a retry that waits it with its ticket is served. (The first burst's Retry-After, before anything
-    drained, is timed at the slots' pace from tpot_s: reported, not asserted.)"""
+    the measured drain, and a retry that waits it with its ticket is served. (The first
+    burst's Retry-After, before anything drained, is timed at the slots' pace from
+    tpot_s: reported, not asserted.)"""
     urls = _urls(replicas)
     depth = "headway_gateway_queue_depth_requests"
     _idle(urls)

@@ -12,7 +12,6 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from headway.core.trace_data import PRIORITIES
 from headway.core.workload.compile import compile_workload
 from headway.core.workload.validate import unbounded_classes
 from headway.files.output import output_file, write_text_atomic
@@ -96,17 +95,20 @@ def _compile(args: argparse.Namespace) -> int:
     """``headway workload compile``: the run's calls as a generic trace; exit code 0."""
     loaded = load_workload(args.workload)
     run = compile_workload(loaded.spec, seed=args.seed, traces=loaded.traces)
-    task = run.call_task
+    calls = run.calls_trace()
+    assert calls.tenant is not None
+    assert calls.priority is not None
+    assert calls.session_id is not None
     rows = {
-        "timestamp_s": [f"{t:.9g}" for t in run.task_arrival_s[task].tolist()],
-        "input_tokens": [str(n) for n in run.call_input_tokens.tolist()],
-        "output_tokens": [str(n) for n in run.call_output_tokens.tolist()],
-        "tenant": [run.tenant_names[i] for i in run.task_tenant[task].tolist()],
-        "priority": [PRIORITIES[i] for i in run.task_priority[task].tolist()],
-        "session_id": [f"task-{i}" for i in task.tolist()],
+        "timestamp_s": [f"{t:.9g}" for t in calls.arrival_s.tolist()],
+        "input_tokens": [str(n) for n in calls.input_tokens.tolist()],
+        "output_tokens": [str(n) for n in calls.output_tokens.tolist()],
+        "tenant": calls.tenant.tolist(),
+        "priority": calls.priority.tolist(),
+        "session_id": calls.session_id.tolist(),
     }
     names = list(rows)
-    count = len(task)
+    count = len(calls)
     if str(args.output).endswith((".jsonl", ".ndjson")):
         numbers = {"timestamp_s": float, "input_tokens": int, "output_tokens": int}
         lines = [

@@ -1,6 +1,8 @@
 """The ``headway trace`` verbs: ``stats FILE [--format F] [--json]`` and
-``fit FILE -o WORKLOAD.yaml [--bin-s S] [--min-step-s S] [--max-pairs N] [--seed N] [--slo-ttft-s S]
-[--slo-tpot-s S] [--slo-target F]`` (the SLO and planning it writes are defaults to edit).
+``fit FILE -o WORKLOAD.yaml [--bin-s S] [--min-step-s S] [--max-pairs N] [--seed N]
+[--min-tenant-share F] [--max-tenants N] [--slo-ttft-s S] [--slo-tpot-s S] [--slo-target F]``
+(the SLO and planning it writes are defaults to edit; it prints how well the fit
+reproduces each large tenant).
 
 Each sub-verb is one ``_add_<verb>(verbs)`` function that adds its parser and sets
 ``handler`` (``args -> exit code``) with ``set_defaults``; :func:`register` calls them in
@@ -18,6 +20,7 @@ from headway.core.errors import ConfigError
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import Planning, Slo
 from headway.files.output import output_file
+from headway.trace.fit import MAX_TENANTS, MIN_TENANT_SHARE
 from headway.trace.readers import COLUMN_FIELDS, FORMATS, parse_columns, read_trace
 from headway.trace.stats import trace_stats
 from headway.verbs import VERBS
@@ -154,9 +157,19 @@ def _add_fit(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         help="shortest step: a shorter last window joins the one before it "
                         "(default: half of --bin-s)")  # fmt: skip
     parser.add_argument(
-        "--max-pairs", type=int, default=4000, help="token pairs kept (default 4000)"
+        "--max-pairs",
+        type=int,
+        default=4000,
+        help="token pairs kept per fitted tenant or pool (default 4000)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fitted workload")
+    parser.add_argument("--min-tenant-share", type=float, default=MIN_TENANT_SHARE,
+                        help="a tenant with this share of the requests or of the token work "
+                        f"is fitted on its own (default {MIN_TENANT_SHARE:g}); the rest are "
+                        "pooled")  # fmt: skip
+    parser.add_argument("--max-tenants", type=int, default=MAX_TENANTS,
+                        help=f"at most this many tenants fitted on their own (default "
+                        f"{MAX_TENANTS}, the largest by token work)")  # fmt: skip
     parser.add_argument(
         "--slo-ttft-s",
         type=float,
@@ -179,11 +192,19 @@ def _fit(args: argparse.Namespace) -> int:
     from headway.files.output import write_text_atomic
     from headway.files.workload import dump_workload
     from headway.trace.fit import fit_workload
+    from headway.trace.fit_quality import MISS_TOLERANCE, fit_quality, misses, quality_lines
 
     if args.bin_s <= 0:
         raise ConfigError(f"--bin-s must be > 0 (got {args.bin_s}); try 60")
     if args.max_pairs < 1:
         raise ConfigError(f"--max-pairs must be >= 1 (got {args.max_pairs}); try 4000")
+    if not 0 < args.min_tenant_share <= 1:
+        raise ConfigError(
+            f"--min-tenant-share must be in (0, 1] (got {args.min_tenant_share}); "
+            f"try {MIN_TENANT_SHARE:g}"
+        )
+    if args.max_tenants < 0:
+        raise ConfigError(f"--max-tenants must be >= 0 (got {args.max_tenants}); try 10")
     if args.min_step_s is not None and not 0 <= args.min_step_s <= args.bin_s:
         raise ConfigError(
             f"--min-step-s must be between 0 and --bin-s {args.bin_s:g} (got {args.min_step_s}); "
@@ -193,11 +214,16 @@ def _fit(args: argparse.Namespace) -> int:
     trace = _read(args)
     spec = fit_workload(
         trace, bin_s=args.bin_s, min_step_s=args.min_step_s, max_pairs=args.max_pairs,
-        seed=args.seed, slo=slo,
+        seed=args.seed, slo=slo, min_tenant_share=args.min_tenant_share,
+        max_tenants=args.max_tenants,
     )  # fmt: skip
+    quality = fit_quality(trace, spec)
+    table = quality_lines(quality)
     header = (
         f"# {spec.description}\n# headway trace fit {args.file} -o {args.output}\n"
-        "# classes.trace.slo and planning (at the end) are defaults to edit, not measurements.\n"
+        "# Each class's slo and planning (at the end) are defaults to edit, not measurements.\n"
+        "# How the fit reproduces the trace (one compiled run, the workload's seed):\n"
+        + "".join(f"#   {line}\n" for line in table)
     )
     what = (
         "as given"
@@ -205,13 +231,21 @@ def _fit(args: argparse.Namespace) -> int:
         else "a default of `headway trace fit` (placeholder: true): edit it to your promise "
         "and remove `placeholder`"
     )
-    text = dump_workload(spec).replace("\n    slo: ", f"\n    # The SLO is {what}.\n    slo: ", 1)
+    text = dump_workload(spec).replace("\n    slo: ", f"\n    # The SLO is {what}.\n    slo: ")
     write_text_atomic(args.output, header + text + _PLANNING)
     bounds = f"TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s, {slo.attainment_target:.0%}"
     edit = "as given" if given else "a default: edit it, or pass --slo-ttft-s and --slo-tpot-s"
+    missed = misses(quality, MISS_TOLERANCE)
     sys.stdout.write(
         f"wrote {args.output}\n"
-        f"  slo ({bounds}) is {edit}\n"
+        "  how the fit reproduces the trace (one compiled run):\n"
+        + "".join(f"    {line}\n" for line in table)
+        + (
+            f"  off by more than {MISS_TOLERANCE:.0%}: {', '.join(missed)}\n"
+            if missed
+            else f"  every figure above within {MISS_TOLERANCE:.0%}\n"
+        )
+        + f"  slo ({bounds}) is {edit}\n"
         f"  planning (planning_factor {_DEFAULTS.planning_factor:g}, failures_tolerated "
         f"{_DEFAULTS.failures_tolerated}) is a default: edit it\n"
         "  a trace names no model and no price: `plan` simulates its default cluster and "

@@ -95,7 +95,7 @@ of each (the rest are in the concentration figures)."""
 def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
     """Per-tenant shares and concentration, and each large tenant's own rate, burstiness
     and lengths: a trace's aggregate hides a tenant of 1-token calls or one that bursts."""
-    names, index, counts, tokens = trace.tenant_work()
+    names, _, counts, tokens = trace.tenant_work()
     requests = counts.astype(np.float64)
     request_share = requests / requests.sum()
     total_tokens = float(tokens.sum())
@@ -113,21 +113,53 @@ def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
     }
     large = set(np.argsort(-requests, kind="stable")[:LARGE_TENANTS].tolist())
     large |= set(np.argsort(-tokens, kind="stable")[:LARGE_TENANTS].tolist())
+    order = sorted(large, key=lambda i: (-requests[i], names[i]))
+    out["tenants"] = tenant_figures(trace, arrival_s, [names[i] for i in order])
+    return out
+
+
+PEAK_BIN_S = 10.0
+"""Width of the bins of a tenant's peak rate."""
+
+
+def tenant_figures(
+    trace: TraceData, arrival_s: FloatArray, tenants: list[str]
+) -> dict[str, dict[str, float | None]]:
+    """For each of ``tenants`` (absent ones get zeros): its shares of the requests and of
+    the token work, mean and peak rate (over :data:`PEAK_BIN_S` bins), IAT CV and length
+    percentiles. ``arrival_s`` is the trace's arrivals from its first."""
+    names, index, counts, tokens = trace.tenant_work()
+    total_requests, total_tokens = float(counts.sum()), float(tokens.sum())
     span_s = float(arrival_s[-1] - arrival_s[0])
-    described: dict[str, object] = {}
-    for i in sorted(large, key=lambda i: (-requests[i], names[i])):
+    position = {name: i for i, name in enumerate(names)}
+    described: dict[str, dict[str, float | None]] = {}
+    for name in tenants:
+        i = position.get(name, -1)
         mine = index == i
         times = arrival_s[mine]
-        described[str(names[i])] = {
-            "request_share": round(float(request_share[i]), 4),
-            "token_share": round(float(token_share[i]), 4),
+        figures: dict[str, float | None] = {
+            "request_share": round(float(counts[i]) / total_requests, 4) if i >= 0 else 0.0,
+            "token_share": (
+                round(float(tokens[i]) / total_tokens, 4) if i >= 0 and total_tokens > 0 else 0.0
+            ),
             "mean_rate_rps": _round((times.size - 1) / span_s if span_s > 0 else None, 4),
+            "peak_rate_rps": _round(_peak_per_s(times - arrival_s[0], PEAK_BIN_S), 4),
             "iat_cv": _round(_cv(np.diff(times)), 4),
-            "input_tokens_p50": float(np.percentile(trace.input_tokens[mine], 50)),
-            "output_tokens_p50": float(np.percentile(trace.output_tokens[mine], 50)),
         }
-    out["tenants"] = described
-    return out
+        for column in ("input_tokens", "output_tokens"):
+            values = getattr(trace, column)[mine]
+            for q in (50, 95):
+                figures[f"{column}_p{q}"] = float(np.percentile(values, q)) if values.size else None
+        described[name] = figures
+    return described
+
+
+def _peak_per_s(arrival_s: FloatArray, width_s: float) -> float | None:
+    """The largest count in aligned ``width_s`` bins from 0, per second (None: empty)."""
+    if arrival_s.size == 0:
+        return None
+    counts = np.bincount((arrival_s // width_s).astype(np.int64))
+    return float(counts.max()) / width_s
 
 
 def format_timestamp_label(label: str) -> str:

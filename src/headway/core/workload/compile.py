@@ -202,6 +202,21 @@ class CompiledWorkload:
         for i in range(self.num_tasks):
             yield self.task(i)
 
+    def calls_trace(self) -> TraceData:
+        """The run's calls as a trace, each stamped with its task's arrival: what
+        ``headway workload compile`` writes and what a fit is checked against."""
+        task = self.call_task
+        return TraceData(
+            name=self.spec.name,
+            kind="generic",
+            arrival_s=self.task_arrival_s[task],
+            input_tokens=self.call_input_tokens,
+            output_tokens=self.call_output_tokens,
+            tenant=np.array([self.tenant_names[i] for i in self.task_tenant[task]], dtype=object),
+            priority=np.array([PRIORITIES[i] for i in self.task_priority[task]], dtype=object),
+            session_id=np.array([f"task-{i}" for i in task.tolist()], dtype=object),
+        )
+
 
 @dataclass(slots=True)
 class _SourceTasks:

@@ -24,7 +24,7 @@ from headway.sim.cluster import ClusterSpec
 from headway.sim.results import Group, SimResult
 from headway.sim.run import simulate_compiled
 from headway.sim.simulator import OUTCOMES, SimOptions, SimOutcome
-from headway.sim.sweep import SweepPoint
+from headway.sim.sweep import SweepPoint, sweep_point
 
 
 class PointTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,26 +121,11 @@ def run_steady(task: PointTask, peak_tasks_per_s: float) -> PlanPoint:
     """Simulate a steady point (runs in a worker)."""
     spec = steady_workload(task.spec, task.load_factor, task.duration_s)
     workload, r, outcome = _simulate(task, spec, None)
-    duration = workload.duration_s
     lat = r.latencies
     return PlanPoint(
         replicas=task.replicas,
         offered_tasks_per_s_nominal=task.load_factor * peak_tasks_per_s,
-        sweep=SweepPoint(
-            load_factor=task.load_factor,
-            seed=task.seed,
-            offered_tasks_per_s=workload.num_tasks / duration,
-            offered_calls_per_s=workload.num_calls / duration,
-            slo_attainment=r.slo.attainment,
-            goodput_per_s=r.slo.goodput_per_s,
-            task_attainment=r.slo.task_attainment,
-            ttft_p99_s=lat.ttft.p99_s,
-            tpot_p99_s=lat.tpot.p99_s,
-            e2e_p99_s=lat.e2e.p99_s,
-            throughput_requests_per_s=r.throughput.requests_per_s,
-            output_tokens_per_s=r.throughput.output_tokens_per_s,
-            preemptions=r.engine.preemptions,
-        ),
+        sweep=sweep_point(task.spec, task.load_factor, task.seed, workload, r),
         ttft=_pct(lat.ttft.p50_s, lat.ttft.p90_s, lat.ttft.p99_s),
         tpot=_pct(lat.tpot.p50_s, lat.tpot.p90_s, lat.tpot.p99_s),
         e2e=_pct(lat.e2e.p50_s, lat.e2e.p90_s, lat.e2e.p99_s),

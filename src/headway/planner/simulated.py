@@ -4,7 +4,9 @@ Stages, each a set of simulated points (:mod:`headway.planner.points`):
 
 1. **Replica search**: the peak demand held steady (every source Poisson at its peak
    rate) on 1, 2, 4, ... replicas, then bisection, for the smallest count whose SLO
-   attainment reaches the target; the plan adds ``planning.failures_tolerated``.
+   attainment reaches the target, and every tenant with an ``attainment_target`` its own
+   (:attr:`~headway.sim.sweep.SweepPoint.attainment_held`: the worst decides); the plan
+   adds ``planning.failures_tolerated``.
 2. **Knee**: on the planned cluster, the largest multiple of the peak rate that keeps
    attainment at target (bracketing and k-section, :func:`headway.sim.sweep.search_knee`),
    once per seed; the seeds give a 95% confidence interval.
@@ -31,7 +33,7 @@ from headway.planner.demand import peak_rates
 from headway.planner.executors import PointExecutor
 from headway.planner.points import PlanPoint, PointTask, Replay, run_replay, run_steady
 from headway.sim.cluster import ClusterSpec
-from headway.sim.sweep import Knee, SweepPoint, attainment_target, search_knee
+from headway.sim.sweep import Knee, SweepPoint, attainment_target, search_knee, tenant_targets
 
 
 class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +71,9 @@ class ReplicaSearch(msgspec.Struct, frozen=True, kw_only=True):
     attainment_failures_lost: float | None
     """Attainment at the peak with ``failures_tolerated`` replicas lost."""
     trials: list[PlanPoint]
+    tenant_targets: dict[str, float] = {}
+    """The tenants with an ``attainment_target``, and their targets (each trial's
+    ``sweep.tenant_attainment`` has their attainment)."""
 
 
 class SeedKnee(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,7 +209,7 @@ def search_replicas(runner: PointRunner) -> ReplicaSearch:
     failures = spec.planning.failures_tolerated
 
     def ok(n: int) -> bool:
-        return runner.steady([(n, 1.0, seed)])[0].sweep.slo_attainment >= target
+        return runner.steady([(n, 1.0, seed)])[0].sweep.attainment_held >= target
 
     bad, good = 0, None
     n = 1
@@ -222,7 +227,7 @@ def search_replicas(runner: PointRunner) -> ReplicaSearch:
             trial = [t for t in trial if bad < t < good]
             points = runner.steady([(t, 1.0, seed) for t in trial])
             for t, p in zip(trial, points, strict=True):
-                if p.sweep.slo_attainment >= target:
+                if p.sweep.attainment_held >= target:
                     good = min(good, t)
                 else:
                     bad = max(bad, t)
@@ -245,6 +250,7 @@ def search_replicas(runner: PointRunner) -> ReplicaSearch:
         else None,
         attainment_failures_lost=by_count[good].sweep.slo_attainment if good in by_count else None,
         trials=trials,
+        tenant_targets=tenant_targets(spec),
     )
 
 
@@ -267,6 +273,7 @@ def knee_of_seed(runner: PointRunner, replicas: int, seed: int) -> SeedKnee:
         target,
         jobs=runner.settings.points_per_round,
         tolerance=runner.settings.knee_tolerance,
+        attainment=lambda p: p.attainment_held,
     )
     peak = runner.peak_tasks_per_s
     return SeedKnee(
@@ -288,7 +295,7 @@ def crossing_load_factor(knee: Knee, points: Sequence[SweepPoint]) -> float:
     seed's attainments. The lower end when the bracket is open (not found, saturated)."""
     if not knee.found or not math.isfinite(knee.upper_load_factor):
         return knee.load_factor
-    by_load = {p.load_factor: p.slo_attainment for p in points}
+    by_load = {p.load_factor: p.attainment_held for p in points}
     low = by_load.get(knee.load_factor)
     high = by_load.get(knee.upper_load_factor)
     if low is None or high is None or low <= high:

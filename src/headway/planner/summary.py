@@ -97,6 +97,64 @@ def _simulated_line(sim: SimulatedPlan, model: str, gpu: str) -> str | None:
     return text
 
 
+TENANT_GAP = 0.05
+"""Without tenant targets, a tenant this far below the overall attainment of the workload
+as written is named: an overall figure hides the tenants that miss."""
+
+
+def _tenant_lines(sim: SimulatedPlan) -> list[str]:
+    """Per-tenant attainment beside the overall one: the targeted tenants at the peak on
+    the planned cluster, and any tenant the workload as written leaves below its target
+    (or, without targets, far below the overall attainment)."""
+    search = sim.replica_search
+    targets = search.tenant_targets if search is not None else {}
+    lines: list[str] = []
+    if search is not None and targets and search.trials:
+        by_count = {p.replicas: p for p in search.trials}
+        at = search.recommended if search.recommended in by_count else max(by_count)
+        point = by_count[at].sweep
+        cells = ", ".join(
+            f"{name} {point.tenant_attainment[name]:.1%} (target {want:.0%})"
+            for name, want in targets.items()
+            if name in point.tenant_attainment
+        )
+        if cells:
+            lines.append(
+                f"Per tenant at the peak on {_replicas(at)}: {cells}; overall "
+                f"{point.slo_attainment:.1%}."
+            )
+    replay = sim.replay
+    if replay is None:
+        return lines
+    tenants = {t.name: t.slo_attainment for t in replay.tails if t.segment == "tenant"}
+    where = f"In the workload as written (bursts included) on {_replicas(replay.replicas)}"
+    if targets:
+        missing = [
+            f"{name} {tenants[name]:.1%} (target {want:.0%})"
+            for name, want in targets.items()
+            if tenants.get(name) is not None and (tenants[name] or 0.0) < want
+        ]
+        lines.append(
+            f"{where}, tenants below their target: {', '.join(missing)}."
+            if missing
+            else f"{where}, every tenant with a target meets it."
+        )
+    elif len(tenants) > 1:
+        low = [
+            (name, a)
+            for name, a in tenants.items()
+            if a is not None and a < replay.slo_attainment - TENANT_GAP
+        ]
+        if low:
+            low.sort(key=lambda na: na[1])
+            named = ", ".join(f"{name} {a:.1%}" for name, a in low[:3])
+            lines.append(
+                f"{where}, overall attainment {replay.slo_attainment:.1%} hides tenants far "
+                f"below it: {named}; give a tenant an attainment_target to plan for it."
+            )
+    return lines
+
+
 def _answer_lines(analytic: AnalyticPlan, sim: SimulatedPlan, answer: Answer) -> list[str]:
     """The headline: the count the plan leads with, and what it rests on."""
     model, gpu = _names(sim)
@@ -152,6 +210,7 @@ def summarize_plan(
             lines.append(f"Not simulated: {skipped}.")
         return lines
     lines += [_capital(line) for line in _answer_lines(analytic, sim, answer)]
+    lines += _tenant_lines(sim)
     if sim.knee is not None:
         k = sim.knee
         interval = (

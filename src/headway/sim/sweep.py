@@ -22,11 +22,12 @@ from typing import Literal, Protocol, TypeVar
 import msgspec
 
 from headway.core.trace_data import TraceData
-from headway.core.workload.compile import compile_workload
+from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.scale import scale_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.core.workload.validate import require_latency_slo
 from headway.sim.cluster import ClusterSpec
+from headway.sim.results import SimResult
 from headway.sim.run import simulate_compiled
 
 SCHEMA = "headway.sweep/1"
@@ -54,6 +55,17 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     throughput_requests_per_s: float
     output_tokens_per_s: float
     preemptions: int
+    tenant_attainment: dict[str, float] = {}
+    """Attainment of each tenant with an ``attainment_target`` (over its offered calls)."""
+    held_attainment: float | None = None
+    """The attainment the plan holds to the target: the overall one, or a targeted
+    tenant's shifted by its target's distance from the overall target where that is
+    lower (:func:`held_attainment`). None: the overall one (no tenant has a target)."""
+
+    @property
+    def attainment_held(self) -> float:
+        """:attr:`held_attainment`, or the overall attainment without tenant targets."""
+        return self.slo_attainment if self.held_attainment is None else self.held_attainment
 
 
 class Knee(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,17 +105,43 @@ def attainment_target(spec: WorkloadSpec) -> float:
     return max(cls.slo.attainment_target for cls in spec.classes.values())
 
 
-def run_point(
-    spec: WorkloadSpec,
-    cluster: ClusterSpec,
-    factor: float,
-    seed: int,
-    traces: Mapping[str, TraceData] | None = None,
+def tenant_targets(spec: WorkloadSpec) -> dict[str, float]:
+    """The tenants with an ``attainment_target``, and their targets."""
+    return {
+        name: tenant.attainment_target
+        for name, tenant in spec.tenants.items()
+        if tenant.attainment_target is not None
+    }
+
+
+def held_attainment(
+    overall: float, tenants: Mapping[str, float], targets: Mapping[str, float], target: float
+) -> float:
+    """``overall``, or the lowest of the targeted tenants' attainments each shifted by
+    ``target - its target`` where that is lower: ``>= target`` exactly when the overall
+    attainment and every targeted tenant's meet their targets, and it falls on as the
+    worst of them falls, so a search for where it crosses ``target`` finds where the
+    first of them breaks. A tenant with a target and no calls in the run holds."""
+    # As target + the smallest margin, so that a tenant exactly at its target holds
+    # exactly (0.99 + (0.9 - 0.99) is a hair below 0.9 in floating point).
+    margin = overall - target
+    for name, want in targets.items():
+        if name in tenants:
+            margin = min(margin, tenants[name] - want)
+    return overall if margin == overall - target else target + margin
+
+
+def sweep_point(
+    spec: WorkloadSpec, factor: float, seed: int, workload: CompiledWorkload, result: SimResult
 ) -> SweepPoint:
-    """Simulate one load level (runs in a worker process)."""
-    workload = compile_workload(scale_workload(spec, factor), seed=seed, traces=traces)
-    result, _ = simulate_compiled(workload, cluster)
+    """The point of one finished simulation of ``spec`` at ``factor``."""
     duration = workload.duration_s
+    targets = tenant_targets(spec)
+    tenants = {
+        g.name: g.slo_attainment
+        for g in result.by_tenant
+        if g.name in targets and g.calls and g.slo_attainment is not None
+    }
     return SweepPoint(
         load_factor=factor,
         seed=seed,
@@ -118,7 +156,26 @@ def run_point(
         throughput_requests_per_s=result.throughput.requests_per_s,
         output_tokens_per_s=result.throughput.output_tokens_per_s,
         preemptions=result.engine.preemptions,
+        tenant_attainment=tenants,
+        held_attainment=(
+            held_attainment(result.slo.attainment, tenants, targets, attainment_target(spec))
+            if targets
+            else None
+        ),
     )
+
+
+def run_point(
+    spec: WorkloadSpec,
+    cluster: ClusterSpec,
+    factor: float,
+    seed: int,
+    traces: Mapping[str, TraceData] | None = None,
+) -> SweepPoint:
+    """Simulate one load level (runs in a worker process)."""
+    workload = compile_workload(scale_workload(spec, factor), seed=seed, traces=traces)
+    result, _ = simulate_compiled(workload, cluster)
+    return sweep_point(spec, factor, seed, workload, result)
 
 
 PointRunner = Callable[[Sequence[float]], list[SweepPoint]]
@@ -168,15 +225,18 @@ def search_knee(
     start: float = 1.0,
     tolerance: float = 0.02,
     max_rounds: int = 12,
+    attainment: Callable[[P], float] | None = None,
 ) -> tuple[Knee, list[P]]:
     """Bracket and narrow the largest load factor whose attainment is at least ``target``.
 
     ``run`` maps load factors to points: simulated (:func:`pool_runner`) or measured.
+    ``attainment`` reads a point's attainment (default: its overall ``slo_attainment``;
+    the plan passes :attr:`SweepPoint.attainment_held`, which holds tenant targets too).
     """
     points: list[P] = []
 
     def ok(p: P) -> bool:
-        return p.slo_attainment >= target
+        return (p.slo_attainment if attainment is None else attainment(p)) >= target
 
     first = run([start])[0]
     points.append(first)
@@ -272,8 +332,9 @@ def sweep(
         knee = None
         if search:
             knee, searched = search_knee(
-                run, attainment_target(spec), jobs=jobs, tolerance=tolerance
-            )
+                run, attainment_target(spec), jobs=jobs, tolerance=tolerance,
+                attainment=lambda p: p.attainment_held,
+            )  # fmt: skip
             points.extend(searched)
     finally:
         if executor is not None:

@@ -656,9 +656,21 @@ class Tenant(_Spec, frozen=True, kw_only=True):
     max_priority: Priority = "interactive"
     """The most important priority this tenant's requests may ask for."""
 
+    attainment_target: float | None = None
+    """The share of this tenant's calls that must meet their class's SLO. ``plan`` sizes
+    for every tenant with a target as for the overall one (the worst decides), reports
+    each beside the overall attainment and names those that miss. None: the tenant counts
+    only in the overall attainment (a tenant's misses hide in it otherwise: 98.6% overall
+    with a bursty tenant at 76.7%)."""
+
     def __post_init__(self) -> None:
         _finite_nonneg("share", self.share)
         _positive("weight", self.weight)
+        _require(
+            self.attainment_target is None or 0 < self.attainment_target <= 1,
+            f"`attainment_target` must be in (0, 1] (got {self.attainment_target}); "
+            "e.g. 0.95 for 95% of the tenant's calls within their SLO",
+        )
 
 
 class ReplicaCapacity(_Spec, frozen=True, kw_only=True):

@@ -319,6 +319,31 @@ def test_burst_sheds_with_computed_retry_after_and_its_ticket_succeeds(
     assert retry[0] == 200
 
 
+def test_a_deadline_that_passes_in_flight_is_cancelled_in_vllm(
+    replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest
+) -> None:
+    """Seed 003's "if deadline_expires: cancel scheduler state and release blocks", on
+    vLLM: a call of 1,500 tokens (minutes here) with a 3 s deadline is answered 504
+    deadline_exceeded at its deadline, and vLLM's running gauge drops once the step under
+    way ends (the gateway closed the upstream call; vLLM aborts the sequence)."""
+    urls = _urls(replicas)
+    _idle(urls)
+    config = _config(urls, admission={"check_deadlines": False})  # it would refuse it
+    with GatewayProcess(config) as gw, _client(gw.url) as client:
+        _all_ready(gw.url, urls)
+        start = time.monotonic()
+        status, _, answered = _chat(client, 1500, {"x-headway-deadline-ms": "3000"})
+        took_s = answered - start
+        freed_s = _until(lambda: engines_busy(urls) == 0, 20, "vLLM kept the sequence")
+        cancels = _value(_metrics(gw.url), "headway_gateway_deadline_cancels_total")
+    _report(
+        request,
+        f"deadline 3 s: answered {status} after {took_s:.3f} s; vLLM idle {freed_s:.3f} s later",
+    )
+    assert status == 504 and cancels == 1
+    assert 3.0 <= took_s <= 3.5, took_s  # the loaded host's round trip on top
+
+
 def test_disconnects_free_the_engine(
     replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest
 ) -> None:

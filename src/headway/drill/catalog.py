@@ -349,6 +349,42 @@ _DRILLS: Final = [
         ],
     ),
     Drill(
+        name="deadline-expires",
+        title="Deadlines that pass in flight",
+        seed_text="if deadline_expires: cancel scheduler state and release blocks",
+        designed=(
+            "Cancel at the deadline: calls whose 1.5 s deadline passes while an engine "
+            "decodes them (400 tokens each, about 10 s) are cancelled there by the gateway "
+            "at their deadline (the upstream call closed: the engine aborts the sequence "
+            "and frees its blocks) and answered 504 deadline_exceeded, or a last error "
+            "event on a stream; the engines end idle and the counts balance."
+        ),
+        load=LoadSpec(
+            rate_per_s=4, duration_s=4, stream_fraction=0.5, max_tokens=400, deadline_ms=1500
+        ),
+        # Admission would refuse them at arrival (their service alone outlasts the
+        # deadline): the drill is about deadlines that pass in flight.
+        stack=StackSpec(gateway={"admission": {"check_deadlines": False}}),
+        expect=[
+            Expect(
+                figure="timed_out_calls",
+                op=">=",
+                value=8,
+                why="calls past their deadline are cancelled, not left to run late",
+            ),
+            Expect(
+                figure="gateway_deadline_cancels",
+                op=">=",
+                value=8,
+                why="the gateway counts each cancel at a deadline",
+            ),
+            NOTHING_LOST,
+            NO_5XX,
+            BALANCED,
+            ENGINES_IDLE,
+        ],
+    ),
+    Drill(
         name="slow-rank",
         title="Delay one distributed rank",
         seed_text="Delay one distributed rank.",

@@ -3,7 +3,9 @@ terminal state.
 
 Every call ends in exactly one of :data:`STATES`: ``ok`` (a whole answer: the JSON, or a
 stream that reached ``[DONE]``), ``shed`` (a designed refusal naming its reason: a
-429/503 after the client's retries, or a 400 no wait can fix), ``cut`` (a stream that
+429/503 after the client's retries, or a 400 no wait can fix), ``timed_out`` (its
+deadline passed in flight and the gateway cancelled it in the engine: a 504, or a stream
+whose last event is that error, ``deadline_exceeded``), ``cut`` (a stream that
 ended without ``[DONE]``), ``client_error`` (another 4xx), ``server_error`` (a 5xx that
 is not a designed refusal), ``conn_error``, ``cancelled`` (the client abandoned it on
 purpose) or ``hung`` (still open when the drill ended). A drill's figures count these.
@@ -26,8 +28,12 @@ from headway.drill.spec import LoadSpec
 __all__ = ["STATES", "Call", "LoadRun"]
 
 STATES: Final = (
-    "ok", "shed", "cut", "client_error", "server_error", "conn_error", "cancelled", "hung",
+    "ok", "shed", "timed_out", "cut", "client_error", "server_error", "conn_error",
+    "cancelled", "hung",
 )  # fmt: skip
+
+DEADLINE_EXCEEDED: Final = "deadline_exceeded"
+"""The error code of a call the gateway cancelled at its deadline."""
 
 _WORDS: Final = (
     "queue", "capacity", "replica", "token", "budget", "latency", "prefill", "decode",
@@ -230,6 +236,9 @@ class LoadRun:
             if resp.status != 200:
                 data = await resp.read()
                 call.reason = _error_code(data)
+                if resp.status == 504 and call.reason == DEADLINE_EXCEEDED:
+                    call.state = "timed_out"  # the gateway cancelled it at its deadline
+                    return
                 call.state = "client_error" if 400 <= resp.status < 500 else "server_error"
                 return
             if not call.stream:
@@ -248,7 +257,11 @@ class LoadRun:
                     done = True
                 if call.slow:
                     await asyncio.sleep(spec.slow_read_pause_s)
-            call.state = "ok" if done else "cut"
+            if done:
+                call.state = "ok"
+            else:
+                cancelled = f'"{DEADLINE_EXCEEDED}"'.encode() in tail
+                call.state = "timed_out" if cancelled else "cut"
 
 
 def _error_code(data: bytes) -> str:

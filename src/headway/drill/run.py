@@ -39,6 +39,8 @@ FIGURES: Final[dict[str, str]] = {
     "gateway_upstream_retries": "attempts the gateways moved to another engine",
     "gateway_upstream_errors_faulted": "upstream errors the gateways counted on the faulted engine",
     "gateway_cancellations": "cancellations the gateways counted",
+    "gateway_deadline_cancels": "calls the gateways cancelled in flight at their deadline",
+    "timed_out_calls": "calls answered deadline_exceeded: cancelled in flight at their deadline",
     "engine_preemptions": "preemptions in the engines",
     "engine_kv_usage_peak": "highest KV use sampled in any engine (0-1)",
     "engine_running_after": "requests still running in the engines after the drill",
@@ -432,6 +434,7 @@ def _figures(
     counts = {s: float(sum(1 for c in calls if c.state == s)) for s in STATES}
     f: dict[str, float] = {"calls": float(len(calls)), **counts}
     f["lost"] = float(sum(1 for c in calls if c.state in ("", "hung")))
+    f["timed_out_calls"] = counts["timed_out"]
     served = len(calls) - counts["cancelled"]
     f["ok_fraction"] = counts["ok"] / served if served else math.nan
     f["server_errors"] = counts["server_error"]
@@ -449,12 +452,15 @@ def _figures(
     cancellations = gw("headway_gateway_cancellations_total")
     offered = gw("headway_gateway_requests_offered_total")
     failed_seen = counts["cut"] + counts["server_error"]
+    deadline_cancels = gw("headway_gateway_deadline_cancels_total")
     f["accounting_mismatch"] = (
         max(0.0, counts["ok"] - completed)
         + max(0.0, completed - counts["ok"] - counts["cancelled"] - counts["hung"])
         + abs(shed_attempts - sheds)
-        + abs(offered - completed - sheds - cancellations - failed_seen)
+        + abs(counts["timed_out"] - deadline_cancels)
+        + abs(offered - completed - sheds - cancellations - failed_seen - deadline_cancels)
     )
+    f["gateway_deadline_cancels"] = deadline_cancels
     f["gateway_offered"] = offered
     f["gateway_completed"] = completed
     f["gateway_sheds"] = sheds

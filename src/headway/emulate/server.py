@@ -28,6 +28,7 @@ from aiohttp import web
 from headway import __version__
 from headway.core.engine.replica import ReplicaModel
 from headway.core.errors import ConfigError
+from headway.core.policy.deadlines import BUDGET_HEADER, Deadline
 from headway.emulate.faults import FaultState, FaultUpdate
 from headway.emulate.metrics import MetricsRegistry
 from headway.emulate.openai_api import ApiError, GenerationRequest, error_body, parse_request
@@ -52,6 +53,8 @@ CRASH_EXIT_CODE = 70
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """The largest request body read (413 beyond it; refused from ``Content-Length`` unread)."""
 
+_STREAM = web.RequestKey("stream", web.StreamResponse)
+"""The prepared stream of a request, for a deadline that ends it mid-answer."""
 _ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
 
 
@@ -120,6 +123,10 @@ class EmulatorServer:
         )
         self._client_errors = self.metrics.counter(
             "headway_emulator_client_errors_total", "Requests refused as client mistakes (4xx)."
+        )
+        self._deadline_aborts = self.metrics.counter(
+            "headway_emulator_deadline_aborts_total",
+            "Requests aborted when their x-headway-budget-ms ran out.",
         )
         self.app = web.Application(
             client_max_size=MAX_BODY_BYTES,
@@ -380,6 +387,11 @@ class EmulatorServer:
             self._count += 1
             num_out, stop_reason = parsed.output_tokens(self.settings.default_max_tokens, index)
             self._check_length(parsed, num_out)
+            budget = request.headers.get(BUDGET_HEADER)
+            try:
+                deadline = None if budget is None else Deadline.from_header(arrived_at, budget)
+            except ValueError as error:
+                raise ApiError(400, str(error), param=BUDGET_HEADER) from None
         except ApiError as error:
             self._client_errors.inc()
             return web.json_response(error.body(), status=error.status)
@@ -403,15 +415,33 @@ class EmulatorServer:
             parsed.num_prompt_tokens, num_out, stop_reason, arrived_at=arrived_at,
             block_hashes=hashes,
         )  # fmt: skip
+        left_s = None if deadline is None else deadline.remaining_s(time.monotonic())
         try:
-            if parsed.stream:
-                return await self._stream(request, parsed, gen, tokens, index)
-            while not gen.done:
-                await gen.wait()
-            return web.json_response(self._full_body(parsed, gen, tokens, index))
+            async with asyncio.timeout(left_s):
+                if parsed.stream:
+                    return await self._stream(request, parsed, gen, tokens, index)
+                while not gen.done:
+                    await gen.wait()
+                return web.json_response(self._full_body(parsed, gen, tokens, index))
+        except TimeoutError:
+            # The caller's budget (x-headway-budget-ms) ran out: stop, free the sequence
+            # (below), and say so, as a gateway that cancels at the deadline does.
+            self._deadline_aborts.inc()
+            return await self._deadline_exceeded(request)
         finally:
             if not gen.done:
                 self.engine.abort(gen)
+
+    async def _deadline_exceeded(self, request: web.Request) -> web.StreamResponse:
+        message = f"deadline_exceeded: the {BUDGET_HEADER} budget ran out; the request was aborted"
+        out: web.StreamResponse | None = request.get(_STREAM)
+        if out is None:
+            return error_response(504, message, kind="timeout", code="deadline_exceeded")
+        event = {"error": {"message": message, "type": "timeout", "code": "deadline_exceeded"}}
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await out.write(b"data: " + msgspec.json.encode(event) + b"\n\n")
+            await out.write_eof()
+        return out
 
     def _check_length(self, parsed: GenerationRequest, num_out: int) -> None:
         limit = self.max_model_len
@@ -471,6 +501,7 @@ class EmulatorServer:
         )
         response.enable_chunked_encoding()
         await response.prepare(request)
+        request[_STREAM] = response  # a deadline that passes ends this stream
         rid, obj = self._ids(parsed, index)
         obj += ".chunk" if parsed.kind == "chat" else ""
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": parsed.model}

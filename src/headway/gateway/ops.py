@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from headway.core.lifecycle import State
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
@@ -68,7 +70,11 @@ class RequestRecord:
     """Prompt tokens: the upstream's ``usage`` when sent, else the gateway's estimate."""
     tokens_out: int | None = None
     retries: int = 0
+    state: State = State.OFFERED
+    """Where it is in the request lifecycle (:mod:`headway.core.lifecycle`), once offered."""
     cancelled: bool = False
+    deadline_cancelled: bool = False
+    """Its deadline passed in flight: the gateway cancelled it upstream."""
     chunks: int = 0
     relayed: bool = False
     """Every byte of a streamed answer went out (only the closing chunk may be missing):
@@ -111,7 +117,9 @@ class RequestRecord:
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "retries": self.retries,
+            "state": self.state.value,
             "cancelled": self.cancelled,
+            "deadline_cancelled": self.deadline_cancelled,
             "chunks": self.chunks,
         }
         if self.prompt is not None:

@@ -35,9 +35,10 @@ import numpy as np
 from aiohttp import web
 
 from headway.core.errors import ConfigError, config_error
+from headway.core.lifecycle import Event, State, advance
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.charges import Phase, unseen_output_tokens, unused_tokens
-from headway.core.policy.deadlines import DeadlineConfig, DeadlinePolicy
+from headway.core.policy.deadlines import BUDGET_HEADER, DeadlineConfig, DeadlinePolicy
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.core.policy.queues import BANDS, Band
 from headway.core.policy.retries import AttemptOutcome, FailureKind, GiveUp
@@ -72,6 +73,7 @@ REASON_HEADER: Final = "x-headway-shed-reason"
 ANONYMOUS: Final = "anonymous"
 _REQUEST_ID: Final = web.RequestKey("request_id", str)
 _ROUTE: Final = web.RequestKey("route", str)
+_STREAM: Final = web.RequestKey("stream", web.StreamResponse)
 REVISION_HEADER: Final = "x-headway-revision"
 ROUTE_HEADER: Final = "x-headway-route"
 
@@ -325,6 +327,19 @@ class GatewayServer:
             "Client disconnects, by stage (queued, in_flight) and mode.",
             ["stage", "mode"],
         )
+        self.m_failed = reg.counter(
+            "headway_gateway_requests_failed_total",
+            "Admitted requests that ended failed (an upstream error, a stream cut short), by "
+            "tenant: offered = completed + sheds + cancellations + deadline cancels + failed "
+            "+ in flight.",
+            ["tenant"],
+        )
+        self.m_deadline_cancels = reg.counter(
+            "headway_gateway_deadline_cancels_total",
+            "Requests whose deadline passed in flight: cancelled upstream (the engine frees "
+            "their sequence), by mode.",
+            ["mode"],
+        )
         self.m_retries = reg.counter(
             "headway_gateway_upstream_retries_total", "Attempts moved to another upstream."
         )
@@ -556,6 +571,9 @@ class GatewayServer:
             status = 400  # larger than the tenant's whole budget: no retry can pass
             meaning = "the request can never fit its tenant's token budget"
         self.m_shed.inc(shed.reason.value, str(status))
+        # Refused at arrival, or (queued) ended by its deadline in the line.
+        event = Event.EXPIRE if record.state is State.QUEUED else Event.SHED
+        record.state = advance(record.request_id, record.state, event)
         record.admission = "shed"
         record.shed_reason = shed.reason.value
         record.retry_after_s = shed.retry_after_s
@@ -663,27 +681,41 @@ class GatewayServer:
             if lease.upstream is None:
                 self.m_admitted.inc("enqueue", parsed.band)
                 record.admission = "enqueue"
+                record.state = advance(record.request_id, record.state, Event.ENQUEUE)
                 queued_at = time.monotonic()
                 outcome = await ctl.ready(lease)
                 if isinstance(outcome, Shed):
                     return self._shed_response(outcome, record)
+                record.state = advance(record.request_id, record.state, Event.DISPATCH)
                 record.dispatched_s = time.monotonic()
                 self.m_queue_wait.observe(record.dispatched_s - queued_at, parsed.tenant_name)
             else:
                 self.m_admitted.inc("admit", parsed.band)
                 record.admission = "admit"
+                record.state = advance(record.request_id, record.state, Event.ADMIT)
                 record.dispatched_s = time.monotonic()
                 self.m_queue_wait.observe(0.0, parsed.tenant_name)
             stage = "in_flight"
-            response, completion_tokens, completed = await self._relay(
-                request, parsed, lease, path, record
-            )
+            left_s = None if parsed.deadline_s is None else max(parsed.deadline_s - ctl.now(), 0.0)
+            try:
+                async with asyncio.timeout(left_s):
+                    response, completion_tokens, completed = await self._relay(
+                        request, parsed, lease, path, record
+                    )
+            except TimeoutError:
+                # Its deadline passed in flight: leaving the timeout closed the upstream
+                # call, so the engine aborts the sequence and frees its blocks (seed 003:
+                # "if deadline_expires: cancel scheduler state and release blocks").
+                self.m_deadline_cancels.inc("stream" if body.stream else "whole")
+                record.deadline_cancelled = True
+                return await self._deadline_response(request)
             return response
         except asyncio.CancelledError:
             if record.relayed:  # it left with the whole answer, before the closing chunk
                 completed, completion_tokens = True, record.tokens_out
             else:
                 self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
+                record.cancelled = True
             raise
         finally:
             # The core's charging rule: the tenant pays for what an engine did for it.
@@ -705,6 +737,17 @@ class GatewayServer:
                 output_tokens=output,
             )
             record.tokens_out = completion_tokens
+            if record.state in (State.QUEUED, State.DISPATCHED):  # it ends here
+                if completed:
+                    event = Event.FINISH
+                elif record.cancelled:
+                    event = Event.CANCEL
+                elif record.deadline_cancelled:
+                    event = Event.DEADLINE
+                else:
+                    event = Event.FAIL
+                    self.m_failed.inc(parsed.tenant_name)
+                record.state = advance(record.request_id, record.state, event)
             if completed:
                 self.m_completed.inc(parsed.tenant_name)
                 if completion_tokens is not None:
@@ -712,6 +755,22 @@ class GatewayServer:
                 if parsed.deadline_s is None or ctl.now() <= parsed.deadline_s:
                     self.m_good.inc(parsed.tenant_name)
             ctl.release(lease, completed=completed, unused_tokens=unused)
+
+    async def _deadline_response(self, request: web.Request) -> web.StreamResponse:
+        """The answer of a request cancelled at its deadline: a 504, or, on a stream
+        already under way, a last error event and its end."""
+        message = (
+            f"deadline_exceeded: the {DEADLINE_HEADER} budget ran out while an engine served "
+            "the request; it was cancelled there"
+        )
+        out: web.StreamResponse | None = request.get(_STREAM)
+        if out is None:
+            return error_response(504, message, kind="timeout", code="deadline_exceeded")
+        event = {"error": {"message": message, "type": "timeout", "code": "deadline_exceeded"}}
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await out.write(b"data: " + msgspec.json.encode(event) + b"\n\n")
+            await out.write_eof()
+        return out
 
     async def _relay(
         self, request: web.Request, parsed: _Parsed, lease: Lease, path: str, record: RequestRecord
@@ -730,10 +789,14 @@ class GatewayServer:
             upstream_retry_after: float | None = None
             lease.phase = Phase.PREFILL  # a client that leaves now pays for its prompt
             try:
+                headers = {"Content-Type": "application/json", "X-Request-Id": record.request_id}
+                if parsed.deadline_s is not None:
+                    # The budget left travels, not the time (the clocks share no origin):
+                    # an engine that honours it stops at the deadline by itself.
+                    left_ms = math.floor(max(parsed.deadline_s - ctl.now(), 0.0) * 1000.0)
+                    headers[BUDGET_HEADER] = str(left_ms)
                 resp = await self._session(upstream).post(
-                    upstream.url + path,
-                    data=parsed.raw,
-                    headers={"Content-Type": "application/json", "X-Request-Id": record.request_id},
+                    upstream.url + path, data=parsed.raw, headers=headers
                 )
             except (TimeoutError, aiohttp.ClientError, OSError):
                 failure = FailureKind.CONNECT_ERROR
@@ -781,11 +844,13 @@ class GatewayServer:
                 # busy: wait in line for the next free slot rather than fail a call
                 # that nothing has reached the client for.
                 ctl.requeue(lease)
+                record.state = advance(record.request_id, record.state, Event.REQUEUE)
                 self.m_retries.inc()
                 record.retries += 1
                 outcome = await ctl.ready(lease)
                 if isinstance(outcome, Shed):
                     return self._shed_response(outcome, record), None, False
+                record.state = advance(record.request_id, record.state, Event.DISPATCH)
                 attempt += 1
                 continue
             if moved is None:
@@ -858,6 +923,7 @@ class GatewayServer:
         out.headers["Content-Type"] = ctype
         out.headers["Cache-Control"] = "no-cache"
         await out.prepare(request)
+        request[_STREAM] = out  # a cancel at the deadline ends this stream, not a new one
         first = True
         tail = b""
         try:

@@ -217,6 +217,24 @@ class ClientBehaviour(GatewayOffers):
             self._pump(now)
         self._retry_or_end(j, now, FailureKind.TIMEOUT, TIMED_OUT)
 
+    def _deadline_passed(self, j: int, attempt: int, now: float) -> None:
+        """Call ``j``'s deadline passes while attempt ``attempt`` runs in a replica: the
+        gateway cancels it there (seed 003: "if deadline_expires: cancel scheduler state
+        and release blocks"), so the engine stops spending steps on an answer already
+        late. Its client retries it under its policy (a per-call deadline renews on
+        retry) or it ends ``timed_out``. A queued call is the queues' to expire."""
+        if (
+            self._outcome[j] != IN_FLIGHT
+            or self._attempts[j] != attempt
+            or j in self._backing_off
+            or self._replica[j] < 0
+        ):
+            return
+        if not self._withdraw(j, now):
+            return  # its replica had just finished it
+        self._pump(now)
+        self._retry_or_end(j, now, FailureKind.TIMEOUT, TIMED_OUT)
+
     def _retry_or_end(self, j: int, now: float, kind: FailureKind, final: int) -> None:
         """Call ``j``'s current attempt failed (``kind``) and is out of every replica and
         queue: its client retries it under the retry policy, or the call ends ``final``."""

@@ -74,6 +74,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     binding even while the others are idle. ``none``: no tenant budgets beyond
     ``admission``'s."""
 
+    cancel_at_deadline: bool = True
+    """Cancel a dispatched call in its replica when its deadline (its task's, or its
+    class's ``e2e_s``) passes, freeing its KV blocks and its slot, as the live gateway
+    cancels the upstream call (False: it runs to its end, late)."""
+
     capacity_tokens_per_s: float | None = None
     """The planned capacity the ``shares`` budgets divide, in charged tokens (prompt plus
     planned output) per second (None: the replicas' saturation throughput for the

@@ -16,12 +16,12 @@ import numpy as np
 
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.charges import Phase
-from headway.core.policy.decisions import Admit, Enqueue
+from headway.core.policy.decisions import Admit, Enqueue, Shed
 from headway.core.policy.queues import BANDS, Queued
 from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.driver import ReplicaDriver
-from headway.sim.events import ATTEMPT_CODES, EV_GATEWAY_EXPIRY, EV_RETRY
+from headway.sim.events import ATTEMPT_CODES, EV_CALL_DEADLINE, EV_GATEWAY_EXPIRY, EV_RETRY
 from headway.sim.fleet import FleetChanges
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
@@ -74,38 +74,49 @@ class GatewayOffers(FleetChanges):
             total_kv_blocks=driver.model.scheduler.pool.num_blocks,
         )
         decision = gateway.offer(now, j * ATTEMPT_CODES + self._attempts[j], request, load)
+        if not isinstance(decision, Admit | Enqueue):
+            self._shed(j, now, decision, renews, deadline_s)
+            return
+        if deadline_s is not None and gateway.config.cancel_at_deadline:
+            self.events.push(deadline_s, DISPATCH, EV_CALL_DEADLINE, j, self._attempts[j])
         if isinstance(decision, Admit):
             gateway.dispatched(request.priority)
             self._start_attempt_timer(j, now)
             self._send(j, choice, now)
-        elif isinstance(decision, Enqueue):
+        else:
             self._queued.add(j)
             self._start_attempt_timer(j, now)
             if deadline_s is not None:
                 self.events.push(deadline_s, DISPATCH, EV_GATEWAY_EXPIRY)
             self._pump(now)
-        else:
-            retry_after_s = decision.retry_after_s
-            self._retry_after_s[j] = math.nan if retry_after_s is None else retry_after_s
-            if decision.ticket is not None:
-                self._ticket[j] = decision.ticket
-            attempt = AttemptOutcome(
-                kind=FailureKind.REFUSED,
-                idempotent=self._class_idempotent[k],
-                deadline_s=None if renews else deadline_s,
-            )
-            retry = self._retry_policy.next_attempt(
-                now, self._attempts[j], attempt, retry_after_s, self._retry_rng
-            )
-            if isinstance(retry, RetryAfter):
-                self._backing_off.add(j)
-                self.events.push(now + retry.delay_s, DISPATCH, EV_RETRY, j)
-                return
-            self._outcome[j] = SHED
-            self._live_calls -= 1
-            self._finish_s[j] = now
-            self._shed_reason[j] = SHED_CODE[decision.reason]
-            self._call_unserved(j, now)
+
+    def _shed(
+        self, j: int, now: float, decision: Shed, renews: bool, deadline_s: float | None
+    ) -> None:
+        """Call ``j`` was refused: its client retries it after the Retry-After under its
+        policy, or it ends ``shed``."""
+        k = self._task_class[self._call_task[j]]
+        retry_after_s = decision.retry_after_s
+        self._retry_after_s[j] = math.nan if retry_after_s is None else retry_after_s
+        if decision.ticket is not None:
+            self._ticket[j] = decision.ticket
+        attempt = AttemptOutcome(
+            kind=FailureKind.REFUSED,
+            idempotent=self._class_idempotent[k],
+            deadline_s=None if renews else deadline_s,
+        )
+        retry = self._retry_policy.next_attempt(
+            now, self._attempts[j], attempt, retry_after_s, self._retry_rng
+        )
+        if isinstance(retry, RetryAfter):
+            self._backing_off.add(j)
+            self.events.push(now + retry.delay_s, DISPATCH, EV_RETRY, j)
+            return
+        self._outcome[j] = SHED
+        self._live_calls -= 1
+        self._finish_s[j] = now
+        self._shed_reason[j] = SHED_CODE[decision.reason]
+        self._call_unserved(j, now)
 
     def _cost_tokens(self, j: int) -> int:
         """What admission charges call ``j``: its prompt plus its ``max_tokens``, or its

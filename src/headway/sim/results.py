@@ -14,6 +14,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from headway.core import lifecycle
+from headway.core.lifecycle import SIM_WORDS, State
 from headway.core.metrics import (
     LatencySummary,
     LittleCheck,
@@ -231,8 +233,20 @@ def _accounting(out: SimOutcome) -> Accounting:
     """Count the calls' terminal states (see :class:`Accounting`)."""
     counts = np.bincount(out.calls.outcome.astype(np.int64), minlength=len(OUTCOMES))
     by_name = {name: int(counts[i]) for i, name in enumerate(OUTCOMES)}
-    terminal = ("completed", "shed", "cancelled", "timed_out", "failed")
     offered = int(out.calls.outcome.size) - by_name["not_offered"]
+
+    # The core lifecycle's balance, from the simulator's words; a run ends with nothing
+    # in flight (a call still live at the end is failed).
+    def count(state: State) -> int:
+        return sum(by_name[w] for w, s in SIM_WORDS.items() if s is state)
+
+    shed = count(State.SHED)
+    balance = lifecycle.Accounting(
+        offered=offered, admitted=offered - shed, shed=shed,
+        completed=count(State.COMPLETED), cancelled=count(State.CANCELLED),
+        timed_out=count(State.TIMED_OUT), failed=count(State.FAILED),
+        in_flight=count(State.DISPATCHED),
+    )  # fmt: skip
     attempts = int(out.calls.attempts.sum())
     reasons = out.calls.shed_reason
     shed_counts = np.bincount(reasons[reasons >= 0].astype(np.int64), minlength=len(SHED_REASONS))
@@ -246,7 +260,7 @@ def _accounting(out: SimOutcome) -> Accounting:
         cancelled=by_name["cancelled"],
         timed_out=by_name["timed_out"],
         failed=by_name["failed"],
-        balanced=sum(by_name[t] for t in terminal) == offered and by_name["in_flight"] == 0,
+        balanced=balance.balanced and balance.in_flight == 0,
         shed_by_reason={
             reason: int(shed_counts[i]) for i, reason in enumerate(SHED_REASONS) if shed_counts[i]
         },

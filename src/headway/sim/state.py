@@ -184,6 +184,9 @@ class SimState:
     def _cancel_call(self, j: int, now: float) -> bool:
         raise NotImplementedError
 
+    def _deadline_passed(self, j: int, attempt: int, now: float) -> None:
+        raise NotImplementedError
+
     # headway.sim.offers
     def _offer(self, j: int, now: float) -> None:
         raise NotImplementedError

@@ -99,8 +99,10 @@ def test_headway_default_sheds_with_computed_retry_after_at_3x_overload() -> Non
 def test_queued_calls_past_their_deadline_time_out_and_are_never_served_late() -> None:
     e2e_s = 4.0
     workload = _fixed(3 * _CAPACITY_PER_S, 60, slo={"e2e_s": e2e_s})
-    # Without the arrival-time deadline check, calls queue and the queue expires them.
-    gateway = {"preset": "headway-default", "admission": {"check_deadlines": False}}
+    # Without the arrival-time deadline check, calls queue and the queue expires them
+    # (those dispatched run to their end here: the in-flight cancel has its own test).
+    gateway = {"preset": "headway-default", "admission": {"check_deadlines": False},
+               "cancel_at_deadline": False}  # fmt: skip
     w, result, out = _simulate(workload, _cluster(gateway))
     c = out.calls
     timed_out = c.outcome == OUTCOMES.index("timed_out")
@@ -116,6 +118,44 @@ def test_queued_calls_past_their_deadline_time_out_and_are_never_served_late() -
     assert result.slo.offered_calls == w.num_calls
     assert result.slo.met <= acc.completed
     assert result.slo.attainment == pytest.approx(result.slo.met / w.num_calls)
+
+
+def test_a_call_whose_deadline_passes_in_flight_is_cancelled_in_its_replica() -> None:
+    """Seed 003: "if deadline_expires: cancel scheduler state and release blocks". At 1.1x
+    the replica's capacity, with an e2e deadline shorter than what a busy replica takes,
+    admitted calls overrun it in flight: the gateway cancels them there at their deadline
+    (their KV blocks freed, their slot given to the next), where without the cancel they
+    ran on to a late, useless end and kept the engine from the calls still in time."""
+    e2e_s = 10.0
+    workload = _fixed(1.1 * _CAPACITY_PER_S, 60, slo={"e2e_s": e2e_s})
+    workload["clients"] = {"retries": {"max_attempts": 1}}
+
+    def run(cancel: bool) -> tuple[SimResult, SimOutcome]:
+        gateway = {"preset": "headway-default", "admission": {"check_deadlines": False},
+                   "cancel_at_deadline": cancel}  # fmt: skip
+        _, result, out = _simulate(workload, _cluster(gateway))
+        return result, out
+
+    (on, on_out), (off, off_out) = run(True), run(False)
+    c = on_out.calls
+    cut = (c.outcome == OUTCOMES.index("timed_out")) & np.isfinite(c.dispatch_s)
+    assert on.accounting.balanced and off.accounting.balanced
+    assert cut.sum() > 10  # cancelled in flight, not in the queue
+    # At their deadline (the offer + e2e_s), within one engine step, with part of their
+    # answer generated: the engine stopped at once.
+    late_by_s = c.finish_s[cut] - (c.arrival_s[cut] + e2e_s)
+    assert (late_by_s >= -1e-9).all() and (late_by_s < 0.2).all(), late_by_s.max()
+    assert (c.num_output_tokens[cut] < 128).all()
+    # Without the cancel the same overload leaves calls running past their deadline.
+    o = off_out.calls
+    done = o.outcome == OUTCOMES.index("completed")
+    assert (o.finish_s[done] - o.arrival_s[done] > e2e_s).sum() > 10
+    # With it, a call completes by its deadline, or in the engine step under way at it
+    # (an abort lands between steps, as in vLLM).
+    served = c.outcome == OUTCOMES.index("completed")
+    assert (c.finish_s[served] - c.arrival_s[served] < e2e_s + 0.2).all()
+    # The blocks and slots freed go to calls still in time: more meet the SLO.
+    assert on.slo.met > off.slo.met
 
 
 def test_deadline_check_sheds_at_arrival_instead_of_timing_out() -> None:

@@ -27,7 +27,6 @@ The live gateway (:mod:`headway.gateway.control`) drives it on the wall clock.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -53,6 +52,7 @@ from headway.core.policy.fallback import (
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
 from headway.core.policy.rates import WindowCounter
 from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
+from headway.core.policy.slot_shares import TenantSlots
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
 
 __all__ = [
@@ -223,10 +223,12 @@ class GatewayCore:
         answers (:meth:`observe_whole`, :meth:`observe_stream`)."""
         self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
         self.in_flight: dict[str, int] = {}
-        self.dispatched_by: dict[str, int] = {}
-        """Dispatched (slot-holding) requests per tenant, for the slot shares."""
+        self.slots = TenantSlots(
+            settings.slot_shares, self.queues.config.weight,
+            headroom=settings.tenant_slot_headroom, active_s=settings.tenant_active_s,
+        )  # fmt: skip
+        """The tenants' slot shares (dispatched requests per tenant, who is active)."""
         self._completions: dict[str, WindowCounter] = {}
-        self._last_seen: dict[str, float] = {}
         self._outcomes: list[Outcome] = []
         self.expired = 0
         self.skipped_dead = 0
@@ -249,6 +251,9 @@ class GatewayCore:
             self.speeds = ServiceSpeeds(speed_prior)
         self.admission.reconfigure(now, self._local(settings.admission))
         self.queues.reconfigure(settings.queues)
+        self.slots.shares = dict(settings.slot_shares)
+        self.slots.headroom = settings.tenant_slot_headroom
+        self.slots.active_s = settings.tenant_active_s
         self.fallback = FallbackPolicy(settings.fallback)
         self.settings = settings
         self.pump(now)
@@ -373,33 +378,14 @@ class GatewayCore:
 
     # -- per-tenant slot shares -------------------------------------------------------------
 
-    def _slot_share(self, tenant: str) -> float:
-        share = self.settings.slot_shares.get(tenant)
-        return self.queues.config.weight(tenant) if share is None else share
+    @property
+    def dispatched_by(self) -> dict[str, int]:
+        """Dispatched (slot-holding) requests per tenant."""
+        return self.slots.held
 
     def slot_caps(self, now: float, total: int) -> dict[str, int] | None:
-        """Most slots each active tenant may hold now (None: no cap applies: the headroom
-        is off, or fewer than two tenants are active)."""
-        headroom = self.settings.tenant_slot_headroom
-        if headroom is None:
-            return None
-        window = self.settings.tenant_active_s
-        active = {t for t, n in self.in_flight.items() if n > 0}
-        stale = []
-        for t, seen in self._last_seen.items():
-            if now - seen <= window:
-                active.add(t)
-            elif t not in active:
-                stale.append(t)
-        for t in stale:
-            del self._last_seen[t]
-        if len(active) < 2:
-            return None
-        shares = {t: self._slot_share(t) for t in active}
-        whole = sum(shares.values())
-        if whole <= 0:
-            return None
-        return {t: max(1, math.ceil(s / whole * total * headroom)) for t, s in shares.items()}
+        """Most slots each active tenant may hold now (:meth:`TenantSlots.caps`)."""
+        return self.slots.caps(now, self.in_flight, total)
 
     # -- offer / dispatch / release --------------------------------------------------------
 
@@ -412,7 +398,7 @@ class GatewayCore:
     ) -> Shed | Lease:
         """Decide on one request now: a shed, or a lease (dispatched, or queued) to an
         upstream of ``revision`` and ``route`` (None: any)."""
-        self._last_seen[request.tenant] = now
+        self.slots.seen(now, request.tenant)
         if self.budgets is not None:
             refused = self.budgets.check(now, request.tenant, request.cost_tokens)
             if refused is not None:
@@ -436,9 +422,7 @@ class GatewayCore:
             route=route,
         )
         if isinstance(decision, Admit):
-            caps = self.slot_caps(now, self.total_slots(now))
-            held = self.dispatched_by.get(request.tenant, 0)
-            capped = caps is not None and held >= caps.get(request.tenant, 1)
+            capped = self.slots.at_cap(self.slot_caps(now, self.total_slots(now)), request.tenant)
             index = None if capped else self._route(now, lease)
             self.capped += capped
             if index is not None:
@@ -469,7 +453,7 @@ class GatewayCore:
 
     def _dispatch(self, lease: Lease, upstream: UpstreamState) -> None:
         self.running[lease.band] += 1
-        self.dispatched_by[lease.tenant] = self.dispatched_by.get(lease.tenant, 0) + 1
+        self.slots.took(lease.tenant)
         lease.upstream = upstream
         upstream.outstanding_requests += 1
         upstream.outstanding_tokens += lease.cost_tokens
@@ -503,7 +487,7 @@ class GatewayCore:
         self._unload(lease)
         lease.upstream = None
         self.running[lease.band] -= 1
-        self.dispatched_by[lease.tenant] -= 1
+        self.slots.gave_back(lease.tenant)
         self.queues.push(
             now, lease, band=lease.band, tenant=lease.tenant, cost_tokens=lease.cost_tokens,
             deadline_s=lease.deadline_s, front=True,
@@ -529,7 +513,7 @@ class GatewayCore:
         if lease.upstream is not None:
             self._unload(lease)
             self.running[lease.band] -= 1
-            self.dispatched_by[lease.tenant] -= 1
+            self.slots.gave_back(lease.tenant)
         elif not self.queues.withdraw(lease, lease.band, lease.tenant):
             lease.dead = True  # not found waiting (a race with a pop): skipped when popped
         lease.queued = False
@@ -553,18 +537,11 @@ class GatewayCore:
         if total <= self.queues.config.reserved_slots(total):
             self.expire(now)
             return
-        caps = self.slot_caps(now, total)
-        held = self.dispatched_by
-
-        def eligible(tenant: str) -> bool:
-            assert caps is not None
-            return held.get(tenant, 0) < caps.get(tenant, 1)
-
+        eligible = self.slots.eligible(self.slot_caps(now, total))
         while True:
             got: Queued[Lease] | None = self.queues.try_pop(
-                now, total_slots=total, running=self.running,
-                eligible=None if caps is None else eligible,
-            )  # fmt: skip
+                now, total_slots=total, running=self.running, eligible=eligible
+            )
             if got is None:
                 break
             lease = got.item

@@ -23,7 +23,7 @@ the engine, where no deadline or priority can reach it).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import msgspec
@@ -36,8 +36,9 @@ from headway.core.policy.admission import (
     TenantLoad,
 )
 from headway.core.policy.charges import Phase, unused_tokens
-from headway.core.policy.decisions import Decision, Enqueue, Shed
+from headway.core.policy.decisions import Admit, Decision, Enqueue, Shed
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
+from headway.core.policy.slot_shares import TenantSlots
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
 
 __all__ = ["GatewayConfig", "GatewayPreset", "SimGateway"]
@@ -74,6 +75,21 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     binding even while the others are idle. ``none``: no tenant budgets beyond
     ``admission``'s."""
 
+    tenant_slot_headroom: float | None = None
+    """Per-tenant dispatch-slot shares, the live gateway's (its default is 1): while other
+    tenants are active, a tenant holds at most ``ceil(its share / the active tenants'
+    shares × slots × this)`` dispatched calls (its share: the workload tenant's ``share``
+    when > 0, else its ``weight``), so a light tenant finds a slot beside a flood; alone,
+    it may take every slot (:mod:`~headway.core.policy.slot_shares`, the same code).
+    None (the simulator's default, for now): no per-tenant cap. Set 1 to predict a live
+    gateway with its default; the shares reserve by share, not demand, so a bursty tenant
+    of small share is queued beside idle slots at normal load
+    (``tests/unit/sim/test_tenant_budgets.py`` sheds with it on)."""
+
+    tenant_active_s: float = 2.0
+    """A tenant counts as active while it has calls queued or in flight, and this long
+    after its last call arrived."""
+
     cancel_at_deadline: bool = True
     """Cancel a dispatched call in its replica when its deadline (its task's, or its
     class's ``e2e_s``) passes, freeing its KV blocks and its slot, as the live gateway
@@ -90,6 +106,13 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 f"`slots_per_replica` must be >= 1 (got {self.slots_per_replica}); "
                 "omit it to use the engine's max_num_seqs"
             )
+        headroom = self.tenant_slot_headroom
+        if headroom is not None and not (math.isfinite(headroom) and headroom > 0):
+            raise ValueError(
+                f"`tenant_slot_headroom` must be > 0 (got {headroom}); use 1, or null for no cap"
+            )
+        if not (math.isfinite(self.tenant_active_s) and self.tenant_active_s >= 0):
+            raise ValueError(f"`tenant_active_s` must be >= 0 (got {self.tenant_active_s}); use 2")
         capacity = self.capacity_tokens_per_s
         if capacity is not None and not (math.isfinite(capacity) and capacity > 0):
             raise ValueError(
@@ -115,9 +138,12 @@ class SimGateway:
         max_num_seqs: int,
         block_size: int,
         speed_prior: SpeedPrior | None = None,
+        slot_shares: Mapping[str, float] | None = None,
     ) -> None:
         """``speed_prior``: the speeds admission predicts with before a call completes
-        (the live gateway's engine-model prior; None: no prediction until then)."""
+        (the live gateway's engine-model prior; None: no prediction until then).
+        ``slot_shares``: each tenant's share of the dispatch slots (unnamed: its queue
+        weight)."""
         if config.preset != "headway-default":
             raise ValueError(
                 f"SimGateway implements the 'headway-default' preset, not {config.preset!r}; "
@@ -142,6 +168,11 @@ class SimGateway:
         """Dispatched, unfinished calls per band (the leases the queues ask about)."""
         self.in_flight: dict[str, int] = {}
         """Per tenant: calls admitted or enqueued and not yet ended."""
+        self.slots = TenantSlots(
+            slot_shares or {}, self.queues.config.weight,
+            headroom=config.tenant_slot_headroom, active_s=config.tenant_active_s,
+        )  # fmt: skip
+        """The tenants' slot shares, as the live gateway's core keeps them."""
         self.speeds = ServiceSpeeds(speed_prior)
         """The prefill speed and TPOT admission predicts with, refined by completed calls
         (the live gateway's own measurement)."""
@@ -172,7 +203,10 @@ class SimGateway:
         """Decide on one offered call. ``Admit``: the caller dispatches it now (and calls
         :meth:`dispatched`); ``Enqueue``: it is queued here; ``Shed``: it ends now (a
         queue bound refusing the push is a ``Shed`` too)."""
+        self.slots.seen(now, request.tenant)
         decision = self.admission.decide(now, request, load)
+        if isinstance(decision, Admit) and self.slots.at_cap(self._caps(now), request.tenant):
+            decision = Enqueue(request.priority)  # at its slot share: it waits its turn
         if isinstance(decision, Enqueue):
             refused = self.admission.enqueue(now, self.queues, call, request, decision)
             if refused is not None:
@@ -199,13 +233,18 @@ class SimGateway:
         if unused > 0:
             self.admission.refund(now, tenant, unused)
 
-    def dispatched(self, band: Band) -> None:
-        """A call of ``band`` took a dispatch slot."""
-        self.running[band] += 1
+    def _caps(self, now: float) -> dict[str, int] | None:
+        return self.slots.caps(now, self.in_flight, self.total_slots)
 
-    def release(self, band: Band) -> None:
+    def dispatched(self, band: Band, tenant: str) -> None:
+        """A call of ``band`` and ``tenant`` took a dispatch slot."""
+        self.running[band] += 1
+        self.slots.took(tenant)
+
+    def release(self, band: Band, tenant: str) -> None:
         """A dispatched call left the replicas (finished or cancelled): free its slot."""
         self.running[band] -= 1
+        self.slots.gave_back(tenant)
 
     def ended(self, tenant: str) -> None:
         """A call that was admitted or enqueued ended (served or not): no longer in
@@ -218,10 +257,11 @@ class SimGateway:
         """The next queued call to dispatch now (its slot taken), or None; ``fits`` is the
         queues' token-aware dispatch check."""
         got = self.queues.try_pop(
-            now, total_slots=self.total_slots, running=self.running, fits=fits
-        )
+            now, total_slots=self.total_slots, running=self.running, fits=fits,
+            eligible=self.slots.eligible(self._caps(now)),
+        )  # fmt: skip
         if got is not None:
-            self.dispatched(got.band)
+            self.dispatched(got.band, got.tenant)
         return got
 
     def expire(self, now: float) -> list[Queued[int]]:

@@ -80,7 +80,7 @@ class GatewayOffers(FleetChanges):
         if deadline_s is not None and gateway.config.cancel_at_deadline:
             self.events.push(deadline_s, DISPATCH, EV_CALL_DEADLINE, j, self._attempts[j])
         if isinstance(decision, Admit):
-            gateway.dispatched(request.priority)
+            gateway.dispatched(request.priority, request.tenant)
             self._start_attempt_timer(j, now)
             self._send(j, choice, now)
         else:
@@ -163,7 +163,7 @@ class GatewayOffers(FleetChanges):
         while (got := gateway.pop(now, fits)) is not None:
             j = self._live_queued(got.item)
             if j < 0:  # cancelled or abandoned while it waited
-                gateway.release(got.band)
+                gateway.release(got.band, got.tenant)
                 continue
             self._queued.discard(j)
             self._send(j, chosen[-1], now)
@@ -192,7 +192,7 @@ class GatewayOffers(FleetChanges):
         having generated ``output_tokens``): free its gateway slot and the KV blocks the
         gateway projected for it, and settle its tenant's charge."""
         assert self.gateway is not None
-        self.gateway.release(BANDS[self._call_prio[j]])
+        self.gateway.release(BANDS[self._call_prio[j]], self._call_tenant[j])
         self.drivers[self._replica[j]].reserved_kv_blocks -= self._projected_kv_blocks(j)
         self._settle(j, now, phase, output_tokens)
         self._gateway_ended(j)

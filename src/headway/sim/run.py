@@ -41,6 +41,11 @@ def simulate_compiled(
             block_size=cluster.engine.block_size,
             # The engine model's speeds at a full batch, as the live gateway's prior.
             speed_prior=prior_from_step_time(step_time, num_seqs=slots),
+            # As the live gateway: a tenant's share when positive, else its weight.
+            slot_shares={
+                name: t.share if t.share > 0 else t.weight
+                for name, t in workload.spec.tenants.items()
+            },
         )
     router = Router(kind=cluster.router)
     autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)

@@ -756,6 +756,28 @@ class PriorityQueues(Generic[T]):
         self._touch(now)
         self._check_slots(total_slots)
         self._collect_expired(now)
+        chosen = self._choose(now, total_slots, running, eligible)
+        if chosen is None:
+            return None
+        band, entry = chosen
+        if fits is not None and not fits(entry.queued):
+            return None
+        self._bands[band].serve(entry)
+        queued = entry.queued
+        self._band_meters[band].add(now, queued.cost_tokens)
+        self._tenant_meter(queued.tenant).add(now, queued.cost_tokens)
+        self._forget(queued)
+        self._dispatched += 1
+        return queued
+
+    def _choose(
+        self,
+        now: float,
+        total_slots: int,
+        running: Mapping[str, int],
+        eligible: Callable[[str], bool] | None,
+    ) -> tuple[Band, _Entry[T]] | None:
+        """The entry the order picks among ``eligible`` tenants' (None: every tenant's)."""
         best: tuple[int, int, float, int] | None = None
         chosen: tuple[Band, _Entry[T]] | None = None
         for level, band in enumerate(BANDS):
@@ -778,18 +800,7 @@ class PriorityQueues(Generic[T]):
                 key = (level, 1, 0.0, 0)
                 if best is None or key < best:
                     best, chosen = key, (band, head)
-        if chosen is None:
-            return None
-        band, entry = chosen
-        if fits is not None and not fits(entry.queued):
-            return None
-        self._bands[band].serve(entry)
-        queued = entry.queued
-        self._band_meters[band].add(now, queued.cost_tokens)
-        self._tenant_meter(queued.tenant).add(now, queued.cost_tokens)
-        self._forget(queued)
-        self._dispatched += 1
-        return queued
+        return chosen
 
     # -- expiry -------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The ``headway trace`` verbs: ``stats FILE [--format F] [--json]`` and
 ``fit FILE -o WORKLOAD.yaml [--bin-s S] [--min-step-s S] [--max-pairs N] [--seed N]
-[--min-tenant-share F] [--max-tenants N] [--slo-ttft-s S] [--slo-tpot-s S] [--slo-target F]``
+[--min-tenant-share F] [--max-tenants N] [--tenant-target F] [--slo-ttft-s S]
+[--slo-tpot-s S] [--slo-target F]``
 (the SLO and planning it writes are defaults to edit; it prints how well the fit
 reproduces each large tenant).
 
@@ -170,6 +171,9 @@ def _add_fit(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--max-tenants", type=int, default=MAX_TENANTS,
                         help=f"at most this many tenants fitted on their own (default "
                         f"{MAX_TENANTS}, the largest by token work)")  # fmt: skip
+    parser.add_argument("--tenant-target", type=float, default=None,
+                        help="attainment target of each tenant fitted on its own, e.g. "
+                        "0.95: plan sizes for the worst of them (default: none)")  # fmt: skip
     parser.add_argument(
         "--slo-ttft-s",
         type=float,
@@ -203,6 +207,8 @@ def _fit(args: argparse.Namespace) -> int:
             f"--min-tenant-share must be in (0, 1] (got {args.min_tenant_share}); "
             f"try {MIN_TENANT_SHARE:g}"
         )
+    if args.tenant_target is not None and not 0 < args.tenant_target <= 1:
+        raise ConfigError(f"--tenant-target must be in (0, 1] (got {args.tenant_target}); try 0.95")
     if args.max_tenants < 0:
         raise ConfigError(f"--max-tenants must be >= 0 (got {args.max_tenants}); try 10")
     if args.min_step_s is not None and not 0 <= args.min_step_s <= args.bin_s:
@@ -215,7 +221,7 @@ def _fit(args: argparse.Namespace) -> int:
     spec = fit_workload(
         trace, bin_s=args.bin_s, min_step_s=args.min_step_s, max_pairs=args.max_pairs,
         seed=args.seed, slo=slo, min_tenant_share=args.min_tenant_share,
-        max_tenants=args.max_tenants,
+        max_tenants=args.max_tenants, tenant_target=args.tenant_target,
     )  # fmt: skip
     quality = fit_quality(trace, spec)
     table = quality_lines(quality)

@@ -94,11 +94,14 @@ def fit_workload(
     slo: Slo = DEFAULT_SLO,
     min_tenant_share: float = MIN_TENANT_SHARE,
     max_tenants: int = MAX_TENANTS,
+    tenant_target: float | None = None,
 ) -> WorkloadSpec:
     """A workload whose compiled runs reproduce ``trace``'s rate profile and lengths, tenant
     by tenant, each class promised ``slo``. No step is shorter than ``min_step_s``
     (default: half of ``bin_s``): a shorter last window is merged into the one before it.
-    Each pool keeps at most ``max_pairs`` token pairs."""
+    Each pool keeps at most ``max_pairs`` token pairs. ``tenant_target``: the
+    ``attainment_target`` of each tenant fitted on its own (the plan then sizes for the
+    worst of them; None: none)."""
     n = len(trace)
     if n < 2:
         raise TraceError(f"trace {trace.name!r} has {n} request(s); fitting needs at least 2")
@@ -110,6 +113,8 @@ def fit_workload(
         raise ValueError(f"min_tenant_share must be in (0, 1] (got {min_tenant_share})")
     if max_tenants < 0:
         raise ValueError(f"max_tenants must be >= 0 (got {max_tenants})")
+    if tenant_target is not None and not 0 < tenant_target <= 1:
+        raise ValueError(f"tenant_target must be in (0, 1] (got {tenant_target})")
     times = trace.arrival_s.astype(np.float64)
     tick_s = detect_tick_s(times)
     if tick_s is not None:  # spread in place: row i stays request i (pools index rows)
@@ -167,8 +172,12 @@ def fit_workload(
         # divides capacity among tenants, and a tenant of many 1-token calls is light.
         names, _, _, work = trace.tenant_work()
         total = float(work.sum())
+        targeted = {p.name for p in pools if not p.pooled}
         tenants = {
-            k: Tenant(share=round(float(w) / total, 6) if total > 0 else 1.0 / len(names))
+            k: Tenant(
+                share=round(float(w) / total, 6) if total > 0 else 1.0 / len(names),
+                attainment_target=tenant_target if k in targeted else None,
+            )
             for k, w in zip(names, work, strict=True)
         }
     alone = sum(not pool.pooled for pool in pools)

@@ -122,3 +122,8 @@ def test_the_cli_prints_what_the_fit_kept(
     assert main([*args[:4], str(tmp_path / "bad.yaml"), "--min-tenant-share", "0"]) == 2
     err = capsys.readouterr().err
     assert "--min-tenant-share" in err and "(got 0.0)" in err
+    targeted = tmp_path / "targeted.yaml"
+    assert main([*args[:3], "-o", str(targeted), *args[5:], "--tenant-target", "0.95"]) == 0
+    tenants = load_workload(targeted).spec.tenants
+    assert tenants["light"].attainment_target == tenants["bursty"].attainment_target == 0.95
+    assert tenants["tail-00"].attainment_target is None  # pooled: no target of its own

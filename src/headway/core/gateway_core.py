@@ -50,7 +50,7 @@ from headway.core.policy.fallback import (
     UseFallback,
 )
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
-from headway.core.policy.rates import WindowCounter
+from headway.core.policy.rates import CompletionRates
 from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
 from headway.core.policy.slot_shares import TenantSlots
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
@@ -228,7 +228,7 @@ class GatewayCore:
             headroom=settings.tenant_slot_headroom, active_s=settings.tenant_active_s,
         )  # fmt: skip
         """The tenants' slot shares (dispatched requests per tenant, who is active)."""
-        self._completions: dict[str, WindowCounter] = {}
+        self.completions = CompletionRates()
         self._outcomes: list[Outcome] = []
         self.expired = 0
         self.skipped_dead = 0
@@ -338,7 +338,9 @@ class GatewayCore:
             free_slots = {}
         best = max(ready, key=lambda u: u.free_kv_blocks, default=None)
         tenants = {
-            t: TenantLoad(in_flight_requests=n, completions_per_s=self._completion_rate(now, t))
+            t: TenantLoad(
+                in_flight_requests=n, completions_per_s=self.completions.rate_per_s(now, t)
+            )
             for t, n in self.in_flight.items()
             if n
         }
@@ -371,10 +373,6 @@ class GatewayCore:
         """A streamed answer: its first and last token, seconds after its dispatch."""
         if self.settings.measure_speeds:
             self.speeds.observe_stream(prompt_tokens, output_tokens, first_token_s, duration_s)
-
-    def _completion_rate(self, now: float, tenant: str) -> float:
-        counter = self._completions.get(tenant)
-        return 0.0 if counter is None else counter.rate_per_s(now)
 
     # -- per-tenant slot shares -------------------------------------------------------------
 
@@ -521,10 +519,7 @@ class GatewayCore:
         if self.budgets is not None:
             self.budgets.add_in_flight(lease.tenant, -1)
         if completed:
-            counter = self._completions.get(lease.tenant)
-            if counter is None:
-                counter = self._completions[lease.tenant] = WindowCounter(10.0, start_s=now)
-            counter.add(now)
+            self.completions.add(now, lease.tenant)
         if unused_tokens > 0 and not lease.settled:
             lease.settled = True
             self.admission.refund(now, lease.tenant, unused_tokens)

@@ -302,7 +302,7 @@ class ClientBehaviour(GatewayOffers):
             if j in self._queued:
                 self._queued.discard(j)
                 self._settle(j, now, Phase.UNSENT, 0)
-                self._gateway_ended(j)
+                self._gateway_ended(j, now)
             return True
         if self._num_prefill and self._withdraw_disaggregated(j, now):
             return True

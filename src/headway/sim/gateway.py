@@ -38,6 +38,7 @@ from headway.core.policy.admission import (
 from headway.core.policy.charges import Phase, unused_tokens
 from headway.core.policy.decisions import Admit, Decision, Enqueue, Shed
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
+from headway.core.policy.rates import CompletionRates
 from headway.core.policy.slot_shares import TenantSlots
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
 
@@ -173,6 +174,8 @@ class SimGateway:
             headroom=config.tenant_slot_headroom, active_s=config.tenant_active_s,
         )  # fmt: skip
         """The tenants' slot shares, as the live gateway's core keeps them."""
+        self.completions = CompletionRates()
+        """Completed calls per second of each tenant, as the live gateway measures them."""
         self.speeds = ServiceSpeeds(speed_prior)
         """The prefill speed and TPOT admission predicts with, refined by completed calls
         (the live gateway's own measurement)."""
@@ -191,7 +194,13 @@ class SimGateway:
             free_slots=free_slots,
             free_kv_blocks=free_kv_blocks,
             total_kv_blocks=total_kv_blocks,
-            tenants={t: TenantLoad(in_flight_requests=n) for t, n in self.in_flight.items() if n},
+            tenants={
+                t: TenantLoad(
+                    in_flight_requests=n, completions_per_s=self.completions.rate_per_s(now, t)
+                )
+                for t, n in self.in_flight.items()
+                if n
+            },
             prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
             tpot_s=self.speeds.tpot_s,
             dispatch_slots=self.total_slots,
@@ -246,10 +255,12 @@ class SimGateway:
         self.running[band] -= 1
         self.slots.gave_back(tenant)
 
-    def ended(self, tenant: str) -> None:
+    def ended(self, now: float, tenant: str, *, completed: bool = False) -> None:
         """A call that was admitted or enqueued ended (served or not): no longer in
         flight for its tenant."""
         self.in_flight[tenant] -= 1
+        if completed:
+            self.completions.add(now, tenant)
 
     def pop(
         self, now: float, fits: Callable[[Queued[int]], bool] | None = None

@@ -43,6 +43,8 @@ class GatewayOffers(FleetChanges):
             for k in range(len(workload.class_names))
         ]
         self._class_max_tokens = [spec.classes[c].max_tokens for c in workload.class_names]
+        self._charged: dict[int, tuple[int, int]] = {}
+        """Per offered call: the tokens admission charges it and the KV blocks it projects."""
         self._ticket: dict[int, int] = {}
         """Per call: the retry ticket of its last shed, presented with its next retry."""
 
@@ -73,6 +75,7 @@ class GatewayOffers(FleetChanges):
             free_kv_blocks=max(0, min(driver.free_kv_blocks, self._unpromised_kv_blocks(driver))),
             total_kv_blocks=driver.model.scheduler.pool.num_blocks,
         )
+        self._charged[j] = (request.cost_tokens, gateway.admission.projected_kv_blocks(request))
         decision = gateway.offer(now, j * ATTEMPT_CODES + self._attempts[j], request, load)
         if not isinstance(decision, Admit | Enqueue):
             self._shed(j, now, decision, renews, deadline_s)
@@ -119,17 +122,14 @@ class GatewayOffers(FleetChanges):
         self._call_unserved(j, now)
 
     def _cost_tokens(self, j: int) -> int:
-        """What admission charges call ``j``: its prompt plus its ``max_tokens``, or its
-        class's p95 output when it sends none (the admission policy's rule)."""
-        k = self._task_class[self._call_task[j]]
-        max_tokens = self._class_max_tokens[k]
-        output: int = self._class_p95_output[k] if max_tokens is None else max_tokens
-        tokens: int = self._call_in[j] + output
-        return tokens
+        """What admission charged call ``j`` when it was offered (its request's
+        ``cost_tokens``: the admission policy's rule, not a copy of it)."""
+        return self._charged[j][0]
 
     def _projected_kv_blocks(self, j: int) -> int:
-        """KV blocks the gateway projects for call ``j``: ``ceil(cost / block_size)``."""
-        return -(-self._cost_tokens(j) // self._block_size)
+        """KV blocks admission projected for call ``j``
+        (:meth:`~headway.core.policy.admission.AdmissionPolicy.projected_kv_blocks`)."""
+        return self._charged[j][1]
 
     def _unpromised_kv_blocks(self, driver: ReplicaDriver) -> int:
         """Blocks of ``driver``'s pool that no dispatched call has been projected to need."""
@@ -176,7 +176,7 @@ class GatewayOffers(FleetChanges):
             self._live_calls -= 1
             self._finish_s[j] = now
             self._settle(j, now, Phase.UNSENT, 0)
-            self._gateway_ended(j)
+            self._gateway_ended(j, now)
             self._call_unserved(j, now)
 
     def _live_queued(self, item: int) -> int:
@@ -195,7 +195,7 @@ class GatewayOffers(FleetChanges):
         self.gateway.release(BANDS[self._call_prio[j]], self._call_tenant[j])
         self.drivers[self._replica[j]].reserved_kv_blocks -= self._projected_kv_blocks(j)
         self._settle(j, now, phase, output_tokens)
-        self._gateway_ended(j)
+        self._gateway_ended(j, now, completed=phase is Phase.COMPLETED)
 
     def _settle(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
         """Give call ``j``'s tenant back what the charging rule says it did not use."""
@@ -209,9 +209,9 @@ class GatewayOffers(FleetChanges):
             output_tokens=output_tokens,
         )
 
-    def _gateway_ended(self, j: int) -> None:
+    def _gateway_ended(self, j: int, now: float, *, completed: bool = False) -> None:
         assert self.gateway is not None
-        self.gateway.ended(self._call_tenant[j])
+        self.gateway.ended(now, self._call_tenant[j], completed=completed)
 
     def _measure_speeds(self, j: int, now: float) -> None:
         """Fold a completed call into the speeds admission predicts service times with

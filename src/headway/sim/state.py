@@ -203,7 +203,7 @@ class SimState:
     def _settle(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
         raise NotImplementedError
 
-    def _gateway_ended(self, j: int) -> None:
+    def _gateway_ended(self, j: int, now: float, *, completed: bool = False) -> None:
         raise NotImplementedError
 
     def _measure_speeds(self, j: int, now: float) -> None:

@@ -265,3 +265,25 @@ def test_the_simulated_gateway_charges_what_the_engine_did_as_the_live_one() -> 
     assert completed >= 1.5 * budget_tokens / 1100
     # ... and what they were charged (prompt + output) stays within the budget.
     assert completed * 110 <= budget_tokens * 1.05
+
+
+def test_the_simulated_gateway_measures_each_tenants_completions_as_the_live_one() -> None:
+    """A tenant-concurrency refusal's Retry-After is computed from the tenant's measured
+    completions per second: the live gateway measured them, the simulator left them at 0
+    (one CompletionRates now serves both)."""
+    from headway.core.policy.admission import AdmissionRequest
+    from headway.sim.gateway import GatewayConfig, SimGateway
+
+    gw = SimGateway(
+        GatewayConfig(preset="headway-default"), num_replicas=1, max_num_seqs=8, block_size=16
+    )
+    request = AdmissionRequest(
+        tenant="a", prompt_tokens=10, p95_output_tokens=10, max_tokens=10, priority="interactive"
+    )
+    for i in range(5):
+        gw.offer(float(i), i, request, gw.snapshot(float(i), free_kv_blocks=99, total_kv_blocks=99))
+    for i in range(3):
+        gw.ended(5.0 + i, "a", completed=True)
+    load = gw.snapshot(8.0, free_kv_blocks=99, total_kv_blocks=99).tenants["a"]
+    assert load.in_flight_requests == 2
+    assert load.completions_per_s == pytest.approx(1.0)  # 3 completions over 3 s

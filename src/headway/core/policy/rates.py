@@ -163,3 +163,25 @@ class TokenBucket:
     def give_back(self, now: float, tokens: float) -> None:
         """Return ``tokens`` taken but not used (the level never exceeds the capacity)."""
         self._level = min(self.capacity_tokens, self.level(now) + max(tokens, 0.0))
+
+
+class CompletionRates:
+    """Completed requests per second of each tenant, over the trailing ``window_s``: what
+    a tenant-concurrency refusal's Retry-After is computed from (``TenantLoad.
+    completions_per_s``). The live gateway's core and the simulator's gateway keep one."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._counters: dict[str, WindowCounter] = {}
+
+    def add(self, now: float, tenant: str) -> None:
+        """A request of ``tenant`` completed at ``now``."""
+        counter = self._counters.get(tenant)
+        if counter is None:
+            counter = self._counters[tenant] = WindowCounter(self.window_s, start_s=now)
+        counter.add(now)
+
+    def rate_per_s(self, now: float, tenant: str) -> float:
+        """``tenant``'s completions per second at ``now`` (0.0 before any)."""
+        counter = self._counters.get(tenant)
+        return 0.0 if counter is None else counter.rate_per_s(now)

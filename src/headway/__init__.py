@@ -1,8 +1,10 @@
 """headway: LLM serving capacity as a queue.
 
 The package is one pure core (``headway.core``: workload model, engine model, policies,
-queueing arithmetic) driven by several front ends (``planner``, ``trace``, the CLI, and
-later the simulator, emulator, bench and gateway). See ``DESIGN`` in the docs.
+the gateway's decisions, the request lifecycle, queueing arithmetic) driven by several
+drivers: ``planner`` (``plan``), ``sim`` (``simulate``, ``sweep``), ``trace``, ``bench``,
+``calibrate``, ``emulate``, ``gateway`` and ``drill``, with ``realengine`` to install and
+start a real vLLM beside them. See ``DESIGN`` in the docs.
 """
 
 from importlib.metadata import PackageNotFoundError, version

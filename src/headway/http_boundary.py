@@ -38,7 +38,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from headway.core.errors import ConfigError
-from headway.http_errors import error_response, too_large_response
+from headway.http_errors import error_body, error_response, too_large_response
 
 __all__ = ["BoundaryLimits", "BoundaryRunner", "boundary_middleware", "listen"]
 
@@ -79,10 +79,7 @@ class BoundaryLimits:
 
 def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
     """A whole HTTP/1.1 error answer in the servers' JSON shape, closing the connection."""
-    body = json.dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                   "code": code}}
-    ).encode()  # fmt: skip
+    body = json.dumps(error_body(message, status, kind="invalid_request_error", code=code)).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"

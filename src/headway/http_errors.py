@@ -1,20 +1,50 @@
 """OpenAI-shaped error answers for headway's HTTP servers (the emulator and the gateway).
 
-Every client mistake gets one shape, ``{"error": {"message", "type", "param", "code"}}``,
-including aiohttp's own 404, 405 and 413, so a client (and the real ``openai`` package)
-reads every refusal the same way.
+Every error gets one shape, ``{"error": {"message", "type", "param", "code"}}``, built by
+:func:`error_body` alone (JSON answers, SSE error events, raw boundary answers, aiohttp's
+own 404, 405 and 413), so a client (and the real ``openai`` package) reads every refusal
+the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["error_response", "openai_shaped_errors", "too_large_response"]
+__all__ = [
+    "error_body",
+    "error_event",
+    "error_response",
+    "openai_shaped_errors",
+    "too_large_response",
+]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_body(
+    message: str,
+    status: int,
+    *,
+    kind: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, dict[str, str | None]]:
+    """The one error body: ``kind`` defaults by status (``invalid_request_error`` below
+    500, ``server_error`` from 500)."""
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_event(message: str, *, kind: str, code: str) -> bytes:
+    """The error as a stream's last SSE event (a stream already under way cannot change
+    its status)."""
+    return (
+        b"data: " + msgspec.json.encode(error_body(message, 500, kind=kind, code=code)) + (b"\n\n")
+    )
 
 
 def error_response(
@@ -28,8 +58,7 @@ def error_response(
 ) -> web.Response:
     """An OpenAI-shaped error answer (``kind`` defaults by status: ``invalid_request_error``
     below 500, ``server_error`` from 500)."""
-    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    body = error_body(message, status, kind=kind, param=param, code=code)
     return web.json_response(body, status=status, headers=headers)
 
 

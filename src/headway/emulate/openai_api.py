@@ -26,6 +26,7 @@ from headway.emulate.tokens import (
     CHAT_REPLY_PRIMING_TOKENS,
     estimate_text_tokens,
 )
+from headway.http_errors import error_body
 
 __all__ = ["ApiError", "GenerationRequest", "error_body", "parse_request"]
 
@@ -45,17 +46,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict[str, object]:
+    def body(self) -> dict[str, dict[str, str | None]]:
         """``{"error": {...}}`` as OpenAI writes it."""
         return error_body(self.message, self.status, param=self.param, code=self.code)
-
-
-def error_body(
-    message: str, status: int, *, param: str | None = None, code: str | None = None
-) -> dict[str, object]:
-    """An OpenAI-style error body."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,12 +31,18 @@ from headway.core.errors import ConfigError
 from headway.core.policy.deadlines import BUDGET_HEADER, Deadline
 from headway.emulate.faults import FaultState, FaultUpdate
 from headway.emulate.metrics import MetricsRegistry
-from headway.emulate.openai_api import ApiError, GenerationRequest, error_body, parse_request
+from headway.emulate.openai_api import ApiError, GenerationRequest, parse_request
 from headway.emulate.openapi import openapi_document
 from headway.emulate.tokens import OutputTokens, prompt_block_hashes, token_text
 from headway.emulate.wallclock import Generation, WallClockEngine
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
-from headway.http_errors import error_response, openai_shaped_errors, too_large_response
+from headway.http_errors import (
+    error_body,
+    error_event,
+    error_response,
+    openai_shaped_errors,
+    too_large_response,
+)
 
 __all__ = ["CRASH_EXIT_CODE", "EmulatorServer", "EmulatorSettings"]
 
@@ -437,9 +443,8 @@ class EmulatorServer:
         out: web.StreamResponse | None = request.get(_STREAM)
         if out is None:
             return error_response(504, message, kind="timeout", code="deadline_exceeded")
-        event = {"error": {"message": message, "type": "timeout", "code": "deadline_exceeded"}}
         with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await out.write(b"data: " + msgspec.json.encode(event) + b"\n\n")
+            await out.write(error_event(message, kind="timeout", code="deadline_exceeded"))
             await out.write_eof()
         return out
 

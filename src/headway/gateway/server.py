@@ -58,6 +58,7 @@ from headway.gateway.openapi import openapi_document
 from headway.gateway.ops import AccessLog, RequestRecord, finish, next_request_id, tracer
 from headway.gateway.pooled import PoolSource
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
+from headway.http_errors import error_body, error_event
 
 if TYPE_CHECKING:
     from headway.gateway.shared import SharedBudgets
@@ -124,15 +125,11 @@ _USAGE = msgspec.json.Decoder(_WithUsage)
 
 
 _UPSTREAM_FAILED: Final = msgspec.json.encode(
-    {
-        "error": {
-            "message": "the upstream failed before answering and no retry was possible",
-            "type": "upstream_error",
-            "param": None,
-            "code": "upstream_error",
-        }
-    }
-)
+    error_body(
+        "the upstream failed before answering and no retry was possible",
+        502, kind="upstream_error", code="upstream_error",
+    )
+)  # fmt: skip
 
 
 class _Unanswered(Exception):
@@ -151,15 +148,7 @@ class ClientError(Exception):
         self.code = code
 
     def response(self) -> web.Response:
-        body = {
-            "error": {
-                "message": str(self),
-                "type": "invalid_request_error",
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-        return web.json_response(body, status=self.status)
+        return error_response(self.status, str(self), param=self.param, code=self.code)
 
 
 @dataclass(slots=True)
@@ -585,16 +574,13 @@ class GatewayServer:
             self.m_retry_after_s.inc(amount=shed.retry_after_s)
         if shed.ticket is not None:
             headers[TICKET_HEADER] = str(shed.ticket)
-        body = {
-            "error": {
-                "message": f"{shed.reason.value}: {meaning}"
-                + (f" ({shed.detail})" if shed.detail else ""),
-                "type": "overloaded_error" if status != 400 else "invalid_request_error",
-                "param": None,
-                "code": shed.reason.value,
-            }
-        }
-        return web.json_response(body, status=status, headers=headers)
+        return error_response(
+            status,
+            f"{shed.reason.value}: {meaning}" + (f" ({shed.detail})" if shed.detail else ""),
+            kind="overloaded_error" if status != 400 else "invalid_request_error",
+            code=shed.reason.value,
+            headers=headers,
+        )
 
     async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         given = request.headers.get("x-request-id", "")
@@ -766,9 +752,8 @@ class GatewayServer:
         out: web.StreamResponse | None = request.get(_STREAM)
         if out is None:
             return error_response(504, message, kind="timeout", code="deadline_exceeded")
-        event = {"error": {"message": message, "type": "timeout", "code": "deadline_exceeded"}}
         with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await out.write(b"data: " + msgspec.json.encode(event) + b"\n\n")
+            await out.write(error_event(message, kind="timeout", code="deadline_exceeded"))
             await out.write_eof()
         return out
 
@@ -855,21 +840,15 @@ class GatewayServer:
                 continue
             if moved is None:
                 if failure is FailureKind.CONNECT_ERROR:
-                    error = {
-                        "error": {
-                            "message": "downstream_unhealthy: the upstream could not be "
-                            "reached and no retry was possible"
-                            + (
-                                f" ({decision.reason.value})"
-                                if isinstance(decision, GiveUp)
-                                else ""
-                            ),
-                            "type": "upstream_error",
-                            "param": None,
-                            "code": "downstream_unhealthy",
-                        }
-                    }
-                    return web.json_response(error, status=502), None, False
+                    why = f" ({decision.reason.value})" if isinstance(decision, GiveUp) else ""
+                    error = error_response(
+                        502,
+                        "downstream_unhealthy: the upstream could not be reached and no "
+                        f"retry was possible{why}",
+                        kind="upstream_error",
+                        code="downstream_unhealthy",
+                    )
+                    return error, None, False
                 status, data, ctype = last
                 out = web.Response(body=data, status=status, content_type=None)
                 if ctype:

@@ -8,6 +8,7 @@ the same way.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -15,6 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 __all__ = [
+    "deadline_exceeded",
     "error_body",
     "error_event",
     "error_response",
@@ -45,6 +47,17 @@ def error_event(message: str, *, kind: str, code: str) -> bytes:
     return (
         b"data: " + msgspec.json.encode(error_body(message, 500, kind=kind, code=code)) + (b"\n\n")
     )
+
+
+async def deadline_exceeded(stream: web.StreamResponse | None, message: str) -> web.StreamResponse:
+    """The answer of a request stopped at its deadline: a 504 ``deadline_exceeded``, or,
+    when its stream (``stream``) is already under way, that error as its last event."""
+    if stream is None:
+        return error_response(504, message, kind="timeout", code="deadline_exceeded")
+    with contextlib.suppress(ConnectionResetError, RuntimeError):
+        await stream.write(error_event(message, kind="timeout", code="deadline_exceeded"))
+        await stream.write_eof()
+    return stream
 
 
 def error_response(

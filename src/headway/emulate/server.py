@@ -37,8 +37,8 @@ from headway.emulate.tokens import OutputTokens, prompt_block_hashes, token_text
 from headway.emulate.wallclock import Generation, WallClockEngine
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
 from headway.http_errors import (
+    deadline_exceeded,
     error_body,
-    error_event,
     error_response,
     openai_shaped_errors,
     too_large_response,
@@ -440,13 +440,7 @@ class EmulatorServer:
 
     async def _deadline_exceeded(self, request: web.Request) -> web.StreamResponse:
         message = f"deadline_exceeded: the {BUDGET_HEADER} budget ran out; the request was aborted"
-        out: web.StreamResponse | None = request.get(_STREAM)
-        if out is None:
-            return error_response(504, message, kind="timeout", code="deadline_exceeded")
-        with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await out.write(error_event(message, kind="timeout", code="deadline_exceeded"))
-            await out.write_eof()
-        return out
+        return await deadline_exceeded(request.get(_STREAM), message)
 
     def _check_length(self, parsed: GenerationRequest, num_out: int) -> None:
         limit = self.max_model_len

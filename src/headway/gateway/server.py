@@ -58,7 +58,7 @@ from headway.gateway.openapi import openapi_document
 from headway.gateway.ops import AccessLog, RequestRecord, finish, next_request_id, tracer
 from headway.gateway.pooled import PoolSource
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
-from headway.http_errors import error_body, error_event
+from headway.http_errors import deadline_exceeded, error_body
 
 if TYPE_CHECKING:
     from headway.gateway.shared import SharedBudgets
@@ -749,13 +749,7 @@ class GatewayServer:
             f"deadline_exceeded: the {DEADLINE_HEADER} budget ran out while an engine served "
             "the request; it was cancelled there"
         )
-        out: web.StreamResponse | None = request.get(_STREAM)
-        if out is None:
-            return error_response(504, message, kind="timeout", code="deadline_exceeded")
-        with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await out.write(error_event(message, kind="timeout", code="deadline_exceeded"))
-            await out.write_eof()
-        return out
+        return await deadline_exceeded(request.get(_STREAM), message)
 
     async def _relay(
         self, request: web.Request, parsed: _Parsed, lease: Lease, path: str, record: RequestRecord

@@ -26,6 +26,9 @@ PRIORITIES = ("critical", "interactive", "background")
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 ObjectArray = npt.NDArray[np.object_]
+TenantWork = tuple[list[str], IntArray, IntArray, FloatArray]
+"""What :meth:`TraceData.tenant_work` returns: names, each request's tenant index, each
+tenant's requests and token work."""
 
 _TICK_MIN_FRAC_ZERO_GAPS = 0.5
 _TICK_MAX_CV = 0.05
@@ -123,7 +126,7 @@ class TraceData:
         """The number of requests."""
         return int(self.arrival_s.shape[0])
 
-    def tenant_work(self) -> tuple[list[str], IntArray, IntArray, FloatArray]:
+    def tenant_work(self) -> TenantWork:
         """Per tenant (sorted by name): its name, the index of each request's tenant into
         them, its requests and its token work (prompt plus output tokens). Raises
         :class:`~headway.core.errors.TraceError` for a trace without a tenant column."""

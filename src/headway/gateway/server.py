@@ -38,7 +38,12 @@ from headway.core.errors import ConfigError, config_error
 from headway.core.lifecycle import Event, State, advance
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.charges import Phase, unseen_output_tokens, unused_tokens
-from headway.core.policy.deadlines import BUDGET_HEADER, DeadlineConfig, DeadlinePolicy
+from headway.core.policy.deadlines import (
+    BUDGET_HEADER,
+    Deadline,
+    DeadlineConfig,
+    DeadlinePolicy,
+)
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.core.policy.queues import BANDS, Band
 from headway.core.policy.retries import AttemptOutcome, FailureKind, GiveUp
@@ -682,7 +687,8 @@ class GatewayServer:
                 record.dispatched_s = time.monotonic()
                 self.m_queue_wait.observe(0.0, parsed.tenant_name)
             stage = "in_flight"
-            left_s = None if parsed.deadline_s is None else max(parsed.deadline_s - ctl.now(), 0.0)
+            deadline = None if parsed.deadline_s is None else Deadline(parsed.deadline_s)
+            left_s = None if deadline is None else deadline.remaining_s(ctl.now())
             try:
                 async with asyncio.timeout(left_s):
                     response, completion_tokens, completed = await self._relay(
@@ -772,8 +778,7 @@ class GatewayServer:
                 if parsed.deadline_s is not None:
                     # The budget left travels, not the time (the clocks share no origin):
                     # an engine that honours it stops at the deadline by itself.
-                    left_ms = math.floor(max(parsed.deadline_s - ctl.now(), 0.0) * 1000.0)
-                    headers[BUDGET_HEADER] = str(left_ms)
+                    headers[BUDGET_HEADER] = Deadline(parsed.deadline_s).to_header(ctl.now())
                 resp = await self._session(upstream).post(
                     upstream.url + path, data=parsed.raw, headers=headers
                 )

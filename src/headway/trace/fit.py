@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from headway.core.errors import TraceError
 from headway.core.seeding import stream
-from headway.core.trace_data import TraceData, detect_tick_s
+from headway.core.trace_data import TenantWork, TraceData, detect_tick_s
 from headway.core.workload.arrivals import RateProfile
 from headway.core.workload.spec import (
     JointTokens,
@@ -131,7 +131,8 @@ def fit_workload(
     cvs: list[float] = []
     bins: list[float] = []
     pairs_kept = 0
-    pools = _pools(trace, min_tenant_share, max_tenants)
+    by_tenant = None if trace.tenant is None else trace.tenant_work()
+    pools = _pools(len(trace), by_tenant, min_tenant_share, max_tenants)
     for pool in pools:
         steps, cv, pool_bin_s = _schedule(np.sort(times[pool.rows]), duration_s, bin_s, min_step_s)
         cvs.append(cv)
@@ -167,10 +168,10 @@ def fit_workload(
             )
         )
     tenants = {"default": Tenant()}
-    if trace.tenant is not None:
+    if by_tenant is not None:
         # Shares by token work (prompt plus output), not by request count: the share
         # divides capacity among tenants, and a tenant of many 1-token calls is light.
-        names, _, _, work = trace.tenant_work()
+        names, _, _, work = by_tenant
         total = float(work.sum())
         targeted = {p.name for p in pools if not p.pooled}
         tenants = {
@@ -248,11 +249,13 @@ def _span(values: list[float], unit: str) -> str:
     return f"{low:.3g}{unit}" if low == high else f"{low:.3g}..{high:.3g}{unit}"
 
 
-def _pools(trace: TraceData, min_share: float, max_tenants: int) -> list[_Pool]:
-    """The large tenants, each alone (largest token work first), then the rest pooled."""
-    if trace.tenant is None:
-        return [_Pool("trace", np.arange(len(trace), dtype=np.int64), None, pooled=True)]
-    names, index, requests, work = trace.tenant_work()
+def _pools(n: int, by_tenant: TenantWork | None, min_share: float, max_tenants: int) -> list[_Pool]:
+    """The large tenants, each alone (largest token work first), then the rest pooled
+    (``by_tenant``: the trace's :meth:`~TraceData.tenant_work`; None: no tenant column,
+    one pool of all ``n`` requests)."""
+    if by_tenant is None:
+        return [_Pool("trace", np.arange(n, dtype=np.int64), None, pooled=True)]
+    names, index, requests, work = by_tenant
     request_share = requests / requests.sum()
     work_share = work / work.sum() if work.sum() > 0 else np.zeros(len(names))
     large = [

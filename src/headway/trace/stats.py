@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headway.core.errors import TraceError
-from headway.core.trace_data import TraceData
+from headway.core.trace_data import TenantWork, TraceData
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -95,7 +95,7 @@ of each (the rest are in the concentration figures)."""
 def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
     """Per-tenant shares and concentration, and each large tenant's own rate, burstiness
     and lengths: a trace's aggregate hides a tenant of 1-token calls or one that bursts."""
-    names, _, counts, tokens = trace.tenant_work()
+    names, index, counts, tokens = trace.tenant_work()
     requests = counts.astype(np.float64)
     request_share = requests / requests.sum()
     total_tokens = float(tokens.sum())
@@ -114,7 +114,9 @@ def tenant_stats(trace: TraceData, arrival_s: FloatArray) -> dict[str, object]:
     large = set(np.argsort(-requests, kind="stable")[:LARGE_TENANTS].tolist())
     large |= set(np.argsort(-tokens, kind="stable")[:LARGE_TENANTS].tolist())
     order = sorted(large, key=lambda i: (-requests[i], names[i]))
-    out["tenants"] = tenant_figures(trace, arrival_s, [names[i] for i in order])
+    out["tenants"] = tenant_figures(
+        trace, arrival_s, [names[i] for i in order], by_tenant=(names, index, counts, tokens)
+    )
     return out
 
 
@@ -123,12 +125,17 @@ PEAK_BIN_S = 10.0
 
 
 def tenant_figures(
-    trace: TraceData, arrival_s: FloatArray, tenants: list[str]
+    trace: TraceData,
+    arrival_s: FloatArray,
+    tenants: list[str],
+    *,
+    by_tenant: TenantWork | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """For each of ``tenants`` (absent ones get zeros): its shares of the requests and of
     the token work, mean and peak rate (over :data:`PEAK_BIN_S` bins), IAT CV and length
-    percentiles. ``arrival_s`` is the trace's arrivals from its first."""
-    names, index, counts, tokens = trace.tenant_work()
+    percentiles. ``arrival_s`` is the trace's arrivals from its first; ``by_tenant`` its
+    :meth:`~TraceData.tenant_work`, when the caller has it already."""
+    names, index, counts, tokens = trace.tenant_work() if by_tenant is None else by_tenant
     total_requests, total_tokens = float(counts.sum()), float(tokens.sum())
     span_s = float(arrival_s[-1] - arrival_s[0])
     position = {name: i for i, name in enumerate(names)}

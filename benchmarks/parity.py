@@ -10,7 +10,15 @@
    time, so the bench sends the workload compressed by S (rates × S, duration ÷ S) and its
    latencies are multiplied by S back into engine time.
 
+3. **Simulate vs a live gateway** (`gateway_parity_max_error`): an overloaded workload
+   (past what one replica serves) through `headway simulate` with the
+   `headway-default` gateway and through `headway gateway` in front of `headway emulate`,
+   driven by `headway bench`; both gateways have the same settings (slots, queue bound,
+   speed prior from the profile, the replica's KV pool). The figure is the largest
+   relative difference of shed fraction, TTFT p50/p99 (completed calls) and goodput.
+
     python benchmarks/parity.py [--speedup-calibrate 4] [--speedup-parity 1] [--skip-parity]
+        [--skip-gateway]
 
 It ends by printing one line of JSON.
 """
@@ -24,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from headway.calibrate.profile import PROFILE_FORMAT
 from headway.calibrate.run import calibrate
@@ -121,17 +131,120 @@ def simulate_vs_emulate(speedup: float) -> dict[str, Any] | None:
     }
 
 
+GATEWAY_WORKLOAD = {
+    "name": "parity-overload",
+    "duration_s": 60,
+    "seed": 11,
+    "classes": {
+        "chat": {
+            "input_tokens": {"dist": "lognormal", "mean": 1000, "cv": 0.5, "max": 4000},
+            "output_tokens": {"dist": "lognormal", "mean": 150, "cv": 0.5, "max": 400},
+            "slo": {"ttft_s": 5.0, "tpot_s": 0.08},
+        }
+    },
+    "sources": [{"name": "users", "arrivals": {"process": "poisson", "rate_per_s": 8}}],
+}
+"""Past what one replica serves for TRUTH behind the gateway's slots (about 6 calls/s):
+the gateway queues and sheds about a tenth."""
+
+GATEWAY_SLOTS = 48
+GATEWAY_QUEUE = 24
+
+
+def gateway_vs_simulate(truth: Path) -> dict[str, Any]:
+    """One overloaded workload through the simulated and the live ``headway-default``
+    gateway, with the same settings; relative differences of the figures."""
+    from headway.bench.benchmark import BenchInput, BenchOptions, run_bench
+    from headway.bench.payloads import parse_target
+    from headway.data import load_efficiency_table
+    from headway.files.workload import LoadedWorkload, parse_workload
+    from headway.gateway.config import parse_config
+    from headway.gateway.process import GatewayProcess
+    from headway.sim.cluster import ClusterSpec, build_replica, step_time_model
+    from headway.sim.gateway import GatewayConfig
+    from headway.sim.run import simulate
+
+    spec = parse_workload(GATEWAY_WORKLOAD, "<gateway-parity>")
+    cluster = ClusterSpec(step_time="profile", profile=TRUTH)
+    step_time = step_time_model(cluster, load_efficiency_table())
+    kv_blocks = build_replica(cluster, step_time).scheduler.pool.num_blocks
+    band = {"max_queued_requests": GATEWAY_QUEUE}
+    key = "parity-key"
+    live_config: dict[str, Any] = {
+        "slots_per_upstream": GATEWAY_SLOTS,
+        "profile": str(truth),
+        "kv_blocks_per_upstream": kv_blocks,
+        "queues": {"interactive": band, "background": band, "critical": band},
+        "tenants": {key: {"name": next(iter(spec.tenants))}},
+    }
+    parsed = parse_config({"upstreams": [{"url": "http://127.0.0.1:9"}], **live_config})
+    gateway = GatewayConfig(
+        preset="headway-default",
+        admission=parsed.admission_config(),
+        queues=parsed.queue_config(),
+        slots_per_replica=GATEWAY_SLOTS,
+        tenant_budgets="none",
+        tenant_slot_headroom=parsed.tenant_slot_headroom,
+    )
+    sim, _, _ = simulate(spec, msgspec.structs.replace(cluster, gateway=gateway))
+    with (
+        EmulatorProcess(["--profile", str(truth)]) as emu,
+        GatewayProcess({"upstreams": [{"url": emu.url}], **live_config}) as gw,
+    ):
+        options = BenchOptions(
+            target=parse_target(gw.url), endpoint="completions", seed=spec.seed,
+            workers=1, api_key=key,
+        )  # fmt: skip
+        run = BenchInput(LoadedWorkload(spec=spec, path=None), spec.duration_s)
+        bench = run_bench(run, options).result
+    statuses = bench.outcomes.by_status
+    live_shed = sum(n for code, n in statuses.items() if code in ("429", "503"))
+    live = {
+        "shed_fraction": live_shed / bench.outcomes.calls,
+        "ttft_p50_s": bench.latencies.ttft.p50_s,
+        "ttft_p99_s": bench.latencies.ttft.p99_s,
+        "goodput_per_s": bench.slo.goodput_per_s,
+    }
+    simulated = {
+        "shed_fraction": sim.accounting.shed / sim.accounting.offered_calls,
+        "ttft_p50_s": sim.latencies.ttft.p50_s,
+        "ttft_p99_s": sim.latencies.ttft.p99_s,
+        "goodput_per_s": sim.slo.goodput_per_s,
+    }
+    errors = {
+        k: abs(live[k] - simulated[k]) / abs(simulated[k]) if simulated[k] else float("inf")
+        for k in live
+    }
+    return {
+        "gateway_parity_max_error": max(errors.values()),
+        "gateway_parity_errors": errors,
+        "gateway_parity_live": live,
+        "gateway_parity_simulated": simulated,
+        "gateway_parity_statuses": statuses,
+        "gateway_parity_calls": bench.outcomes.calls,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speedup-calibrate", type=float, default=4.0)
     parser.add_argument("--speedup-parity", type=float, default=1.0)
     parser.add_argument("--skip-parity", action="store_true")
+    parser.add_argument("--skip-calibrate", action="store_true")
+    parser.add_argument("--skip-gateway", action="store_true")
     args = parser.parse_args()
+    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
         truth = _truth_file(Path(folder))
-        out: dict[str, Any] = calibration_errors(truth, args.speedup_calibrate)
-        print(f"calibration: max relative error {out['calibration_max_relative_error']:.2%} "
-              f"({out['calibration_wall_s']:.1f} s)", file=sys.stderr)  # fmt: skip
+        if not args.skip_calibrate:
+            out.update(calibration_errors(truth, args.speedup_calibrate))
+            print(f"calibration: max relative error "
+                  f"{out['calibration_max_relative_error']:.2%} "
+                  f"({out['calibration_wall_s']:.1f} s)", file=sys.stderr)  # fmt: skip
+        if not args.skip_gateway:
+            out.update(gateway_vs_simulate(truth))
+            print(f"gateway parity: max relative error {out['gateway_parity_max_error']:.2%} "
+                  f"{out['gateway_parity_errors']}", file=sys.stderr)  # fmt: skip
     parity = None if args.skip_parity else simulate_vs_emulate(args.speedup_parity)
     if parity is None:
         out["max_relative_error"] = None
@@ -145,4 +258,4 @@ def main() -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["calibration_errors", "main", "simulate_vs_emulate"]
+__all__ = ["calibration_errors", "gateway_vs_simulate", "main", "simulate_vs_emulate"]

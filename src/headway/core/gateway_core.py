@@ -40,7 +40,7 @@ from headway.core.policy.admission import (
     LoadSnapshot,
     TenantLoad,
 )
-from headway.core.policy.charges import Phase
+from headway.core.policy.charges import Phase, unused_tokens
 from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
 from headway.core.policy.fallback import (
     FallbackConfig,
@@ -160,6 +160,11 @@ class Lease:
     revision: str | None
     deadline_s: float | None
     route: str | None = None
+    prompt_tokens: int = 0
+    expected_output_tokens: int = 0
+    """What the router plans for (the request's estimate; 0: none)."""
+    item: int = -1
+    """The driver's handle for it (the simulator's attempt code)."""
     upstream: UpstreamState | None = None
     queued: bool = False
     """Waiting in its band's line (not dispatched, not ended)."""
@@ -209,14 +214,17 @@ class GatewayCore:
         *,
         speed_prior: SpeedPrior | None = None,
         budgets: BudgetSeam | None = None,
+        router: Router | None = None,
     ) -> None:
+        """``router``: the routing policy over the upstreams' load views (None: least
+        outstanding requests, the live gateway's; the simulator passes its cluster's)."""
         self.settings = settings
         self.source = source
         self.budgets = budgets
         self.admission = AdmissionPolicy(self._local(settings.admission))
         self.queues: PriorityQueues[Lease] = PriorityQueues(settings.queues)
         self.fallback = FallbackPolicy(settings.fallback)
-        self.router = Router("least_outstanding_requests")
+        self.router = router or Router("least_outstanding_requests")
         self.speed_prior = speed_prior
         self.speeds = ServiceSpeeds(speed_prior)
         """The prefill speed and TPOT admission predicts with: the prior, refined by the
@@ -270,7 +278,8 @@ class GatewayCore:
         return msgspec.structs.replace(admission, tenants=tenants)
 
     def outcomes(self) -> list[Outcome]:
-        """The queued leases settled since the last call (dispatched or shed), in order."""
+        """The queued leases settled since the last call (dispatched or shed), in order
+        (not one :meth:`offer` returned dispatched: its caller reads that off the lease)."""
         out, self._outcomes = self._outcomes, []
         return out
 
@@ -284,24 +293,37 @@ class GatewayCore:
         """Dispatch slots of the ready upstreams."""
         return sum(u.slots for u in self.source.upstreams() if u.ready_at(now))
 
-    def _route(self, now: float, lease: Lease, exclude: Sequence[UpstreamState] = ()) -> int | None:
+    def _route(
+        self,
+        now: float,
+        lease: Lease,
+        exclude: Sequence[UpstreamState] = (),
+        *,
+        fit: bool = False,
+    ) -> int | None:
+        """The upstream the router picks for ``lease`` among those ready, with a free
+        slot, serving its route and not in ``exclude``. ``fit`` is token-aware dispatch
+        (a queued lease): only where its projected KV blocks are unpromised, or nothing
+        is dispatched (so a request larger than a whole pool still runs)."""
         ups = self.source.upstreams()
         loads = [
             ReplicaLoad(
                 outstanding_requests=u.outstanding_requests,
                 outstanding_tokens=u.outstanding_tokens,
                 free_kv_blocks=u.free_kv_blocks,
+                waiting_requests=u.waiting_requests,
                 revision=u.revision,
                 ready=u.ready_at(now)
                 and u.outstanding_requests < u.slots
                 and u not in exclude
-                and _serves(u, lease.route),
+                and _serves(u, lease.route)
+                and (not fit or u.outstanding_requests == 0 or lease.blocks <= u.free_kv_blocks),
             )
             for u in ups
         ]
         request = RouteRequest(
-            prompt_tokens=lease.cost_tokens,
-            expected_output_tokens=0,
+            prompt_tokens=lease.prompt_tokens,
+            expected_output_tokens=lease.expected_output_tokens,
             projected_kv_blocks=lease.blocks,
             revision=lease.revision,
         )
@@ -418,6 +440,8 @@ class GatewayCore:
             revision=revision,
             deadline_s=request.deadline_s,
             route=route,
+            prompt_tokens=request.prompt_tokens,
+            expected_output_tokens=request.expected_output_tokens or 0,
         )
         if isinstance(decision, Admit):
             capped = self.slots.at_cap(self.slot_caps(now, self.total_slots(now)), request.tenant)
@@ -438,6 +462,8 @@ class GatewayCore:
         if self.settings.tenant_slot_headroom is not None:
             # Slots may be free while a capped tenant's requests wait ahead of this one.
             self.pump(now)
+            if lease.upstream is not None:  # that pump dispatched it: the caller reads it
+                self._outcomes = [o for o in self._outcomes if o[0] is not lease]
         return lease
 
     def _count_in(self, tenant: str) -> None:
@@ -526,16 +552,42 @@ class GatewayCore:
             self._give_back(now, lease.tenant, unused_tokens)
         self.pump(now)
 
+    def end(self, now: float, lease: Lease, phase: Phase, output_tokens: int | None) -> None:
+        """The request ended in ``phase`` (:mod:`~headway.core.policy.charges`), having
+        produced ``output_tokens`` (None: unknown): its tenant is refunded what the
+        charging rule says it did not use, and :meth:`release` frees the rest."""
+        unused = unused_tokens(
+            phase,
+            cost_tokens=lease.cost_tokens,
+            prompt_tokens=lease.prompt_tokens,
+            output_tokens=output_tokens,
+        )
+        self.release(now, lease, completed=phase is Phase.COMPLETED, unused_tokens=unused)
+
     def pump(self, now: float) -> None:
-        """Dispatch queued requests while slots and upstreams are free."""
+        """Dispatch queued requests while slots and upstreams are free. Token-aware: the
+        request the queues' order picks goes only to an upstream with unpromised KV
+        blocks for its projection; else it keeps its place and nothing overtakes it."""
         total = self.total_slots(now)
         if total <= self.queues.config.reserved_slots(total):
             self.expire(now)
             return
         eligible = self.slots.eligible(self.slot_caps(now, total))
+        picked: list[int] = []
+
+        def fits(queued: Queued[Lease]) -> bool:
+            lease = queued.item
+            if lease.dead:
+                return True  # popped to be dropped
+            index = self._route_queued(now, lease)
+            if index is None:
+                return False
+            picked.append(index)
+            return True
+
         while True:
-            got: Queued[Lease] | None = self.queues.try_pop(
-                now, total_slots=total, running=self.running, eligible=eligible
+            got = self.queues.try_pop(
+                now, total_slots=total, running=self.running, fits=fits, eligible=eligible
             )
             if got is None:
                 break
@@ -543,26 +595,22 @@ class GatewayCore:
             if lease.dead:
                 self.skipped_dead += 1
                 continue
-            index = self._route(now, lease, exclude=lease.tried)
-            if index is None and lease.tried:
-                # A retry waits for an upstream it has not failed on, unless none other
-                # is routable at all (full ones count: it waits for their slot).
-                others = [
-                    u for u in self.source.upstreams()
-                    if u.ready_at(now) and u not in lease.tried and _serves(u, lease.route)
-                ]  # fmt: skip
-                if not others:
-                    index = self._route(now, lease)
-            if index is None:
-                # Every upstream able to take it is full (a revision pin): give it back
-                # its place at the front of its line and stop.
-                self.queues.push(
-                    now, lease, band=got.band, tenant=got.tenant, cost_tokens=got.cost_tokens,
-                    deadline_s=got.deadline_s, front=True,
-                )  # fmt: skip
-                break
-            self._dispatch(lease, self.source.upstreams()[index])
+            self._dispatch(lease, self.source.upstreams()[picked[-1]])
         self.expire(now)
+
+    def _route_queued(self, now: float, lease: Lease) -> int | None:
+        """Where a queued lease goes now (None: it waits). A retry waits for an upstream
+        it has not failed on, unless none other is routable at all (full ones count: it
+        waits for their slot)."""
+        index = self._route(now, lease, exclude=lease.tried, fit=True)
+        if index is None and lease.tried:
+            others = [
+                u for u in self.source.upstreams()
+                if u.ready_at(now) and u not in lease.tried and _serves(u, lease.route)
+            ]  # fmt: skip
+            if not others:
+                index = self._route(now, lease, fit=True)
+        return index
 
     def expire(self, now: float) -> None:
         """End the queued requests whose deadline passed (EXPIRED, never sent)."""

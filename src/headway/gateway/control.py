@@ -39,6 +39,7 @@ from headway.core.gateway_core import (
     UpstreamState,
 )
 from headway.core.policy.admission import AdmissionPolicy, AdmissionRequest, LoadSnapshot
+from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
 from headway.core.policy.fallback import NoFallback
 from headway.core.policy.queues import PriorityQueues
@@ -289,6 +290,15 @@ class Controller:
             future.cancel()
         self._settle()
 
+    def end(self, lease: Lease, phase: Phase, output_tokens: int | None) -> None:
+        """The request ended in ``phase``: the core's charging rule refunds its tenant,
+        then :meth:`release`."""
+        self.core.end(self.now(), lease, phase, output_tokens)
+        future = self._waiting.get(lease)
+        if future is not None and not future.done():
+            future.cancel()
+        self._settle()
+
     def pump(self) -> None:
         """Dispatch queued requests while slots and upstreams are free."""
         self.core.pump(self.now())
@@ -313,7 +323,8 @@ class Controller:
             self._timer.cancel()
             self._timer = self._timer_at = None
         if at is not None:
+            # At the deadline itself (the simulator's expiry event is at the same time); a
+            # timer that fires a hair early expires nothing and is armed again.
             loop = asyncio.get_running_loop()
-            delay = max(at - self.now(), 0.0)
-            self._timer = loop.call_later(delay + 0.001, self.expire)
+            self._timer = loop.call_later(max(at - self.now(), 0.0), self.expire)
             self._timer_at = at

@@ -37,7 +37,7 @@ from aiohttp import web
 from headway.core.errors import ConfigError, config_error
 from headway.core.lifecycle import Event, State, advance
 from headway.core.policy.admission import AdmissionRequest
-from headway.core.policy.charges import Phase, unseen_output_tokens, unused_tokens
+from headway.core.policy.charges import Phase, unseen_output_tokens
 from headway.core.policy.deadlines import (
     BUDGET_HEADER,
     Deadline,
@@ -722,12 +722,6 @@ class GatewayServer:
                     ctl.tpot_s(),
                     admission.planned_output_tokens,
                 )
-            unused = unused_tokens(
-                phase,
-                cost_tokens=lease.cost_tokens,
-                prompt_tokens=admission.prompt_tokens,
-                output_tokens=output,
-            )
             record.tokens_out = completion_tokens
             if record.state in (State.QUEUED, State.DISPATCHED):  # it ends here
                 if completed:
@@ -746,7 +740,7 @@ class GatewayServer:
                     self.m_tokens.inc(parsed.tenant_name, amount=completion_tokens)
                 if parsed.deadline_s is None or ctl.now() <= parsed.deadline_s:
                     self.m_good.inc(parsed.tenant_name)
-            ctl.release(lease, completed=completed, unused_tokens=unused)
+            ctl.end(lease, phase, output)
 
     async def _deadline_response(self, request: web.Request) -> web.StreamResponse:
         """The answer of a request cancelled at its deadline: a 504, or, on a stream

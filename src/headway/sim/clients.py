@@ -300,9 +300,7 @@ class ClientBehaviour(GatewayOffers):
         replica = self._replica[j]
         if replica < 0:
             if j in self._queued:
-                self._queued.discard(j)
-                self._settle(j, now, Phase.UNSENT, 0)
-                self._gateway_ended(j, now)
+                self._withdraw_queued(j, now)
             return True
         if self._num_prefill and self._withdraw_disaggregated(j, now):
             return True

@@ -30,7 +30,6 @@ class ReplicaDriver:
         "pending_finished",
         "pending_loss",
         "ready",
-        "reserved_kv_blocks",
         "revision",
         "run_start_s",
         "run_steps",
@@ -54,10 +53,6 @@ class ReplicaDriver:
         self.pending_finished: tuple[int, ...] = ()
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
-        self.reserved_kv_blocks = 0
-        """KV blocks promised to the calls dispatched here and not yet ended: each call's
-        prompt plus its ``max_tokens`` (or its class's p95 output), as the gateway projects
-        it. Token-aware admission keeps the sum within the pool."""
         self.revision: str | None = None
         self.ready = True
         """The router may choose it (started, not lost, not draining)."""

@@ -105,6 +105,8 @@ class FleetChanges(DisaggregatedHandoff):
         driver.stopped_s = now
         self._all_eligible = False
         self._provisioned_changed(now)
+        if self.gateway is not None:  # before the releases below pump its queue
+            self.gateway.set_ready([d.ready for d in self.drivers])
         for j in (*live, *in_flight_step):
             if self._first_token_s[j] > now:  # emitted at the end of the lost step
                 self._first_token_s[j] = math.nan
@@ -142,7 +144,7 @@ class FleetChanges(DisaggregatedHandoff):
     def _set_gateway_replicas(self, now: float) -> None:
         """The gateway's dispatch slots follow the ready replicas."""
         assert self.gateway is not None
-        self.gateway.set_replicas(sum(1 for d in self.drivers if d.ready))
+        self.gateway.set_ready([d.ready for d in self.drivers])
         self._pump(now)
 
     def _autoscale(self, now: float) -> None:

@@ -1,45 +1,44 @@
-"""The simulated gateway: the core overload policies between task calls and the router.
+"""The simulated gateway: the live gateway's core between task calls and the replicas.
 
 Every call a task sends is *offered* here first. What happens next depends on the preset:
 
 * ``fifo-unbounded`` (the default): nothing: every call goes to the router at once and
   the engines queue internally. This is the simulator without a gateway, kept exactly
   (the simulator does not even build a :class:`SimGateway` for it).
-* ``headway-default``: :meth:`AdmissionPolicy.decide
-  <headway.core.policy.admission.AdmissionPolicy.decide>` on arrival, with a
-  :class:`~headway.core.policy.admission.LoadSnapshot` the simulator builds from its
-  replicas. ``Admit`` dispatches now; ``Enqueue`` waits in
+* ``headway-default``: the :class:`~headway.core.gateway_core.GatewayCore` the live
+  gateway runs, on virtual time, with one upstream per replica. It dispatches a call now
+  (to the replica its router picks), queues it in
   :class:`~headway.core.policy.queues.PriorityQueues` until a dispatch slot frees (or its
-  deadline passes: ``timed_out``); ``Shed`` ends the call as ``shed`` with the reason and
-  ``retry_after_s``.
+  deadline passes: ``timed_out``, the lifecycle's word for the live ``expired``), or sheds
+  it with the reason and ``retry_after_s``.
 
-The policy objects are the same ones the live gateway calls; this module only feeds them
-virtual time and the simulator's state, and never decides anything itself. Dispatch slots
-bound what the gateway lets through at once: ``replicas × slots_per_replica``, by default
-the engine's ``max_num_seqs`` per replica (a request beyond that would only wait inside
-the engine, where no deadline or priority can reach it).
+Nothing here decides: the core does, as it does live (``headway simulate`` predicts what
+``headway gateway`` does because both run it). Dispatch slots bound what the gateway lets
+through at once: ``slots_per_replica`` per ready replica, by default the engine's
+``max_num_seqs`` (a request beyond that would only wait inside the engine, where no
+deadline or priority can reach it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import msgspec
 
-from headway.core.policy.admission import (
-    AdmissionConfig,
-    AdmissionPolicy,
-    AdmissionRequest,
-    LoadSnapshot,
-    TenantLoad,
+from headway.core.gateway_core import (
+    CoreSettings,
+    GatewayCore,
+    Lease,
+    StaticUpstreams,
+    UpstreamState,
 )
-from headway.core.policy.charges import Phase, unused_tokens
-from headway.core.policy.decisions import Admit, Decision, Enqueue, Shed
-from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
-from headway.core.policy.rates import CompletionRates
-from headway.core.policy.slot_shares import TenantSlots
+from headway.core.policy.admission import AdmissionConfig, AdmissionPolicy, AdmissionRequest
+from headway.core.policy.charges import Phase
+from headway.core.policy.decisions import Shed
+from headway.core.policy.queues import PriorityQueues, QueueConfig
+from headway.core.policy.routing import Router
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
 
 __all__ = ["GatewayConfig", "GatewayPreset", "SimGateway"]
@@ -123,12 +122,15 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class SimGateway:
-    """The ``headway-default`` gateway on virtual time: admission, queues, slots.
+    """The ``headway-default`` gateway on virtual time: the live gateway's
+    :class:`~headway.core.gateway_core.GatewayCore`, one upstream per replica.
 
-    The simulator offers each call with :meth:`offer`, tells it when a dispatched call
-    leaves the replicas with :meth:`release`, and asks :meth:`pop` for queued calls
-    whenever a slot may have freed and :meth:`expire` at queued deadlines. Items are the
-    simulator's call indices.
+    The simulator (:mod:`headway.sim.offers`) offers each call to :attr:`core`, ends it
+    there with :meth:`GatewayCore.end <headway.core.gateway_core.GatewayCore.end>`, pumps
+    it when slots may have freed, and delivers the core's outcomes (a queued call
+    dispatched, or expired) as events. Every decision is the core's: admission, queues,
+    slot shares, routing (the cluster's router over the core's load views), token-aware
+    dispatch, the KV projection, the speed estimate, charges and refunds.
     """
 
     def __init__(
@@ -138,143 +140,117 @@ class SimGateway:
         num_replicas: int,
         max_num_seqs: int,
         block_size: int,
+        kv_blocks_per_replica: int = 1_000_000,
         speed_prior: SpeedPrior | None = None,
         slot_shares: Mapping[str, float] | None = None,
+        router: Router | None = None,
     ) -> None:
-        """``speed_prior``: the speeds admission predicts with before a call completes
-        (the live gateway's engine-model prior; None: no prediction until then).
-        ``slot_shares``: each tenant's share of the dispatch slots (unnamed: its queue
-        weight)."""
+        """``kv_blocks_per_replica``: each replica's KV pool, the blocks the core
+        projects calls into. ``speed_prior``: the speeds admission predicts with before a
+        call completes (the live gateway's engine-model prior; None: no prediction until
+        then). ``slot_shares``: each tenant's share of the dispatch slots (unnamed: its
+        queue weight). ``router``: the cluster's routing policy (None: least outstanding
+        requests)."""
         if config.preset != "headway-default":
             raise ValueError(
                 f"SimGateway implements the 'headway-default' preset, not {config.preset!r}; "
                 "'fifo-unbounded' needs no gateway object"
             )
-        admission = config.admission or AdmissionConfig(block_size=block_size)
         self.config = config
-        self.admission = AdmissionPolicy(admission)
-        self.queues: PriorityQueues[int] = PriorityQueues(config.queues)
         per_replica = config.slots_per_replica or max_num_seqs
         self.slots_per_replica = per_replica
-        self.total_slots = num_replicas * per_replica
-        """Calls the gateway lets be dispatched (and unfinished) at once."""
-        reserved = self.queues.config.reserved_slots(self.total_slots)
-        if self.total_slots <= reserved:
+        self.kv_blocks_per_replica = kv_blocks_per_replica
+        queues = config.queues or QueueConfig()
+        total = num_replicas * per_replica
+        reserved = queues.reserved_slots(total)
+        if total <= reserved:
             raise ValueError(
-                f"gateway: {num_replicas} replicas × {per_replica} slots = {self.total_slots} "
+                f"gateway: {num_replicas} replicas × {per_replica} slots = {total} "
                 f"slots must exceed queues.critical_reserved_slots ({reserved}); raise "
                 "slots_per_replica or lower the reserve"
             )
-        self.running: dict[str, int] = dict.fromkeys(BANDS, 0)
-        """Dispatched, unfinished calls per band (the leases the queues ask about)."""
-        self.in_flight: dict[str, int] = {}
+        self.upstreams = StaticUpstreams([])
+        self._index: dict[int, int] = {}
+        self.set_ready([True] * num_replicas)
+        settings = CoreSettings(
+            admission=config.admission or AdmissionConfig(block_size=block_size),
+            queues=queues,
+            slot_shares=dict(slot_shares or {}),
+            tenant_slot_headroom=config.tenant_slot_headroom,
+            tenant_active_s=config.tenant_active_s,
+            kv_blocks_per_upstream=kv_blocks_per_replica,
+        )
+        self.core = GatewayCore(settings, self.upstreams, speed_prior=speed_prior, router=router)
+
+    def set_ready(self, ready: Sequence[bool]) -> None:
+        """Which replicas take calls now (one flag per replica; a new replica gets a new
+        upstream): a lost, starting or draining one is not routed to."""
+        states = self.upstreams.states
+        for i in range(len(states), len(ready)):
+            state = UpstreamState(
+                url=f"sim://replica/{i}",
+                slots=self.slots_per_replica,
+                total_kv_blocks=self.kv_blocks_per_replica,
+            )
+            states.append(state)
+            self._index[id(state)] = i
+        for state, flag in zip(states, ready, strict=True):
+            state.healthy = flag
+
+    def replica_of(self, upstream: UpstreamState) -> int:
+        """The replica index of one of the core's upstreams."""
+        return self._index[id(upstream)]
+
+    def offer(self, now: float, request: AdmissionRequest, item: int) -> Shed | Lease:
+        """The core's decision on one attempt (``item``: the simulator's attempt code): a
+        shed, or a lease dispatched (its ``upstream`` set: :meth:`replica_of`) or queued
+        (settled later: :meth:`settled`)."""
+        lease = self.core.offer(now, request)
+        if isinstance(lease, Lease):
+            lease.item = item
+        return lease
+
+    def end(self, now: float, lease: Lease, phase: Phase, output_tokens: int | None) -> None:
+        """An admitted or queued attempt ended in ``phase``: the core settles its charge,
+        frees its slot and its projected blocks, and dispatches what may go next."""
+        self.core.end(now, lease, phase, output_tokens)
+
+    def pump(self, now: float) -> None:
+        """Dispatch what the queues let go; expire what waited past its deadline."""
+        self.core.pump(now)
+
+    def expire(self, now: float) -> None:
+        """The expiry timer: end what waited past its deadline (the live driver's timer,
+        armed from :meth:`GatewayCore.next_timer_s
+        <headway.core.gateway_core.GatewayCore.next_timer_s>`, does the same)."""
+        self.core.expire(now)
+
+    def settled(self) -> list[tuple[Lease, int | Shed]]:
+        """The queued attempts the core settled since the last call, in order: each to
+        the replica it was dispatched to, or to the shed that ended it (``expired``)."""
+        return [
+            (lease, outcome if isinstance(outcome, Shed) else self._index[id(outcome)])
+            for lease, outcome in self.core.outcomes()
+        ]
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return self.core.admission
+
+    @property
+    def queues(self) -> PriorityQueues[Lease]:
+        return self.core.queues
+
+    @property
+    def running(self) -> dict[str, int]:
+        """Dispatched, unfinished calls per band."""
+        return self.core.running
+
+    @property
+    def in_flight(self) -> dict[str, int]:
         """Per tenant: calls admitted or enqueued and not yet ended."""
-        self.slots = TenantSlots(
-            slot_shares or {}, self.queues.config.weight,
-            headroom=config.tenant_slot_headroom, active_s=config.tenant_active_s,
-        )  # fmt: skip
-        """The tenants' slot shares, as the live gateway's core keeps them."""
-        self.completions = CompletionRates()
-        """Completed calls per second of each tenant, as the live gateway measures them."""
-        self.speeds = ServiceSpeeds(speed_prior)
-        """The prefill speed and TPOT admission predicts with, refined by completed calls
-        (the live gateway's own measurement)."""
+        return self.core.in_flight
 
-    def set_replicas(self, num_replicas: int) -> None:
-        """The ready replicas changed (a loss, a scale-up or -down): so do the slots."""
-        self.total_slots = num_replicas * self.slots_per_replica
-
-    def snapshot(self, now: float, *, free_kv_blocks: int, total_kv_blocks: int) -> LoadSnapshot:
-        """The load admission reads at ``now``: queue statistics and free slots from the
-        queues, the KV state of the replica the router picked, and the speeds."""
-        by_band = self.queues.free_slots_by_band(total_slots=self.total_slots, running=self.running)
-        free_slots: dict[str, int] = dict(by_band.items())
-        return LoadSnapshot(
-            queues=self.queues.statistics(now),
-            free_slots=free_slots,
-            free_kv_blocks=free_kv_blocks,
-            total_kv_blocks=total_kv_blocks,
-            tenants={
-                t: TenantLoad(
-                    in_flight_requests=n, completions_per_s=self.completions.rate_per_s(now, t)
-                )
-                for t, n in self.in_flight.items()
-                if n
-            },
-            prefill_tokens_per_s=self.speeds.prefill_tokens_per_s,
-            tpot_s=self.speeds.tpot_s,
-            dispatch_slots=self.total_slots,
-        )
-
-    def offer(
-        self, now: float, call: int, request: AdmissionRequest, load: LoadSnapshot
-    ) -> Decision:
-        """Decide on one offered call. ``Admit``: the caller dispatches it now (and calls
-        :meth:`dispatched`); ``Enqueue``: it is queued here; ``Shed``: it ends now (a
-        queue bound refusing the push is a ``Shed`` too)."""
-        self.slots.seen(now, request.tenant)
-        decision = self.admission.decide(now, request, load)
-        if isinstance(decision, Admit) and self.slots.at_cap(self._caps(now), request.tenant):
-            decision = Enqueue(request.priority)  # at its slot share: it waits its turn
-        if isinstance(decision, Enqueue):
-            refused = self.admission.enqueue(now, self.queues, call, request, decision)
-            if refused is not None:
-                return refused
-        if not isinstance(decision, Shed):
-            self.in_flight[request.tenant] = self.in_flight.get(request.tenant, 0) + 1
-        return decision
-
-    def settle(
-        self,
-        now: float,
-        tenant: str,
-        phase: Phase,
-        *,
-        cost_tokens: int,
-        prompt_tokens: int,
-        output_tokens: int,
-    ) -> None:
-        """An admitted or queued call ended in ``phase``: give its tenant back what the
-        core's charging rule says it did not use (as the live gateway does)."""
-        unused = unused_tokens(
-            phase, cost_tokens=cost_tokens, prompt_tokens=prompt_tokens, output_tokens=output_tokens
-        )
-        if unused > 0:
-            self.admission.refund(now, tenant, unused)
-
-    def _caps(self, now: float) -> dict[str, int] | None:
-        return self.slots.caps(now, self.in_flight, self.total_slots)
-
-    def dispatched(self, band: Band, tenant: str) -> None:
-        """A call of ``band`` and ``tenant`` took a dispatch slot."""
-        self.running[band] += 1
-        self.slots.took(tenant)
-
-    def release(self, band: Band, tenant: str) -> None:
-        """A dispatched call left the replicas (finished or cancelled): free its slot."""
-        self.running[band] -= 1
-        self.slots.gave_back(tenant)
-
-    def ended(self, now: float, tenant: str, *, completed: bool = False) -> None:
-        """A call that was admitted or enqueued ended (served or not): no longer in
-        flight for its tenant."""
-        self.in_flight[tenant] -= 1
-        if completed:
-            self.completions.add(now, tenant)
-
-    def pop(
-        self, now: float, fits: Callable[[Queued[int]], bool] | None = None
-    ) -> Queued[int] | None:
-        """The next queued call to dispatch now (its slot taken), or None; ``fits`` is the
-        queues' token-aware dispatch check."""
-        got = self.queues.try_pop(
-            now, total_slots=self.total_slots, running=self.running, fits=fits,
-            eligible=self.slots.eligible(self._caps(now)),
-        )  # fmt: skip
-        if got is not None:
-            self.dispatched(got.band, got.tenant)
-        return got
-
-    def expire(self, now: float) -> list[Queued[int]]:
-        """Queued calls whose deadline has passed: they end ``timed_out``, never sent."""
-        return self.queues.expire(now)
+    @property
+    def speeds(self) -> ServiceSpeeds:
+        return self.core.speeds

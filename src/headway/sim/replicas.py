@@ -113,8 +113,6 @@ class ReplicaStepping(Recording):
         driver.outstanding_requests += 1
         self._outstanding[choice] += 1
         driver.outstanding_tokens += prompt + (1 if self._num_prefill else output)
-        if self.gateway is not None:
-            driver.reserved_kv_blocks += self._projected_kv_blocks(j)
         self._dispatch_s[j] = now
         self._replica[j] = choice
         if driver.state == IDLE:

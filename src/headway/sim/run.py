@@ -30,6 +30,7 @@ def simulate_compiled(
     """Simulate an already compiled workload on ``cluster`` (behind its ``gateway``)."""
     step_time = step_time_model(cluster, load_efficiency_table())
     replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
+    router = Router(kind=cluster.router)
     gateway = None
     if cluster.gateway.preset == "headway-default":
         config = resolve_gateway(workload, cluster, step_time)
@@ -39,6 +40,7 @@ def simulate_compiled(
             num_replicas=cluster.replicas,
             max_num_seqs=cluster.engine.max_num_seqs,
             block_size=cluster.engine.block_size,
+            kv_blocks_per_replica=replicas[0].scheduler.pool.num_blocks,
             # The engine model's speeds at a full batch, as the live gateway's prior.
             speed_prior=prior_from_step_time(step_time, num_seqs=slots),
             # As the live gateway: a tenant's share when positive, else its weight.
@@ -47,7 +49,6 @@ def simulate_compiled(
                 for name, t in workload.spec.tenants.items()
             },
         )
-    router = Router(kind=cluster.router)
     autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)
     disaggregation = None
     if cluster.disaggregation is not None:

@@ -206,7 +206,7 @@ class Simulator(TaskFlow):
         hottest, is handled in :meth:`run` itself; tasks arrive without events)."""
         handlers: list[Callable[[int, int, float], None]] = [_ignore] * (EV_CALL_DEADLINE + 1)
         handlers[EV_STEP_DISPATCH] = self._dispatch_step
-        handlers[EV_GATEWAY_EXPIRY] = lambda a, b, now: self._pump(now)
+        handlers[EV_GATEWAY_EXPIRY] = lambda a, b, now: self._gateway_expiry(now)
         handlers[EV_RETRY] = lambda a, b, now: self._retry(a, now)
         handlers[EV_PATIENCE] = lambda a, b, now: self._patience_over(a, now)
         handlers[EV_ATTEMPT_TIMEOUT] = self._attempt_timed_out

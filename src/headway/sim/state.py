@@ -194,16 +194,13 @@ class SimState:
     def _pump(self, now: float) -> None:
         raise NotImplementedError
 
-    def _projected_kv_blocks(self, j: int) -> int:
+    def _gateway_expiry(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _withdraw_queued(self, j: int, now: float) -> None:
         raise NotImplementedError
 
     def _left_replicas(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
-        raise NotImplementedError
-
-    def _settle(self, j: int, now: float, phase: Phase, output_tokens: int) -> None:
-        raise NotImplementedError
-
-    def _gateway_ended(self, j: int, now: float, *, completed: bool = False) -> None:
         raise NotImplementedError
 
     def _measure_speeds(self, j: int, now: float) -> None:

@@ -280,10 +280,14 @@ def test_the_simulated_gateway_measures_each_tenants_completions_as_the_live_one
     request = AdmissionRequest(
         tenant="a", prompt_tokens=10, p95_output_tokens=10, max_tokens=10, priority="interactive"
     )
-    for i in range(5):
-        gw.offer(float(i), i, request, gw.snapshot(float(i), free_kv_blocks=99, total_kv_blocks=99))
-    for i in range(3):
-        gw.ended(5.0 + i, "a", completed=True)
-    load = gw.snapshot(8.0, free_kv_blocks=99, total_kv_blocks=99).tenants["a"]
+    from headway.core.gateway_core import Lease
+    from headway.core.policy.charges import Phase
+
+    leases = [gw.core.offer(float(i), request) for i in range(5)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    for i, lease in enumerate(leases[:3]):
+        assert isinstance(lease, Lease)
+        gw.core.end(5.0 + i, lease, Phase.COMPLETED, 10)
+    load = gw.core.snapshot(8.0, request).tenants["a"]
     assert load.in_flight_requests == 2
     assert load.completions_per_s == pytest.approx(1.0)  # 3 completions over 3 s

@@ -68,6 +68,13 @@ MAX_LAG_S = 0.03
 """Wall seconds the emulator may fall behind real time for the comparison to hold."""
 
 
+def _relative(measured: float | None, simulated: float | None) -> float:
+    """|measured − simulated| / |simulated| (inf when either is missing or 0)."""
+    if measured is None or not simulated:
+        return float("inf")
+    return abs(measured - simulated) / abs(simulated)
+
+
 def _truth_file(folder: Path) -> Path:
     path = folder / "truth.json"
     fields = {name: getattr(TRUTH, name) for name in TRUTH.__dataclass_fields__}
@@ -211,10 +218,7 @@ def gateway_vs_simulate(truth: Path) -> dict[str, Any]:
         "ttft_p99_s": sim.latencies.ttft.p99_s,
         "goodput_per_s": sim.slo.goodput_per_s,
     }
-    errors = {
-        k: abs(live[k] - simulated[k]) / abs(simulated[k]) if simulated[k] else float("inf")
-        for k in live
-    }
+    errors = {k: _relative(live[k], simulated[k]) for k in live}
     return {
         "gateway_parity_max_error": max(errors.values()),
         "gateway_parity_errors": errors,

@@ -7,7 +7,7 @@ gateway child process runs it), ``--repeats`` times each, interleaved. Both run 
 Python (``HEADWAY_PURE_PYTHON=1``), so that one build does not differ from the other
 only by what was compiled. Prints each run, then one line of JSON: the medians and the
 ratios new / old (``cpu_per_request_ratio``, ``cpu_per_chunk_ratio``; 1.10 is the
-issue's bound).
+issue's bound), and the median of each repeat's back-to-back ratio (``*_pair_ratio_median``).
 
     python benchmarks/gateway_overhead_ab.py --old c8bfb98 [--repeats 3] [--requests 2000]
 """
@@ -77,6 +77,15 @@ def main() -> int:
         / medians["old"]["cpu_ms_per_request"],
         "cpu_per_chunk_ratio": medians["new"]["cpu_us_per_chunk"]
         / medians["old"]["cpu_us_per_chunk"],
+        # Each repeat's new / old, run back to back: robust to the machine's load drifting.
+        "cpu_per_request_pair_ratio_median": statistics.median(
+            n["cpu_ms_per_request"] / o["cpu_ms_per_request"]
+            for n, o in zip(runs["new"], runs["old"], strict=True)
+        ),
+        "cpu_per_chunk_pair_ratio_median": statistics.median(
+            n["cpu_us_per_chunk"] / o["cpu_us_per_chunk"]
+            for n, o in zip(runs["new"], runs["old"], strict=True)
+        ),
     }
     print(json.dumps(result))
     return 0

@@ -68,13 +68,6 @@ MAX_LAG_S = 0.03
 """Wall seconds the emulator may fall behind real time for the comparison to hold."""
 
 
-def _relative(measured: float | None, simulated: float | None) -> float:
-    """|measured − simulated| / |simulated| (inf when either is missing or 0)."""
-    if measured is None or not simulated:
-        return float("inf")
-    return abs(measured - simulated) / abs(simulated)
-
-
 def _truth_file(folder: Path) -> Path:
     path = folder / "truth.json"
     fields = {name: getattr(TRUTH, name) for name in TRUTH.__dataclass_fields__}
@@ -164,6 +157,7 @@ def gateway_vs_simulate(truth: Path) -> dict[str, Any]:
     from headway.bench.benchmark import BenchInput, BenchOptions, run_bench
     from headway.bench.payloads import parse_target
     from headway.data import load_efficiency_table
+    from headway.emulate.parity import relative_difference
     from headway.files.workload import LoadedWorkload, parse_workload
     from headway.gateway.config import parse_config
     from headway.gateway.process import GatewayProcess
@@ -218,7 +212,7 @@ def gateway_vs_simulate(truth: Path) -> dict[str, Any]:
         "ttft_p99_s": sim.latencies.ttft.p99_s,
         "goodput_per_s": sim.slo.goodput_per_s,
     }
-    errors = {k: _relative(live[k], simulated[k]) for k in live}
+    errors = {k: relative_difference(live[k], simulated[k]) for k in live}
     return {
         "gateway_parity_max_error": max(errors.values()),
         "gateway_parity_errors": errors,

@@ -22,7 +22,7 @@ from headway.core.engine.steptime import AffineStepTime
 from headway.core.workload.spec import WorkloadSpec
 from headway.emulate.process import EmulatorProcess
 
-__all__ = ["ParityResult", "compare_simulate_emulate"]
+__all__ = ["ParityResult", "compare_simulate_emulate", "relative_difference"]
 
 METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "throughput_requests_per_s")
 
@@ -45,7 +45,8 @@ class ParityResult:
         return max(self.relative_error.values())
 
 
-def _relative(a: float | None, b: float | None) -> float:
+def relative_difference(a: float | None, b: float | None) -> float:
+    """|a − b| / |b| (inf when either is missing or ``b`` is 0)."""
     if a is None or b is None or b == 0:
         return float("inf")
     return abs(a - b) / abs(b)
@@ -90,7 +91,7 @@ def compare_simulate_emulate(
         "tpot_p50_s": slat.tpot.p50_s, "tpot_p99_s": slat.tpot.p99_s,
         "throughput_requests_per_s": sim.throughput.requests_per_s,
     }  # fmt: skip
-    errors = {k: _relative(emulated[k], simulated[k]) for k in METRICS}
+    errors = {k: relative_difference(emulated[k], simulated[k]) for k in METRICS}
     return ParityResult(simulated=simulated, emulated=emulated, relative_error=errors,
                         calls=sim.calls, emulator_lag_max_s=lag_max_s)  # fmt: skip
 

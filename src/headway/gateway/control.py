@@ -285,15 +285,17 @@ class Controller:
         """The request ended (served, failed, cancelled): free its slot, refund unused
         budget, dispatch what the queues let go next. Idempotent."""
         self.core.release(self.now(), lease, completed=completed, unused_tokens=unused_tokens)
-        future = self._waiting.get(lease)
-        if future is not None and not future.done():
-            future.cancel()
-        self._settle()
+        self._ended(lease)
 
     def end(self, lease: Lease, phase: Phase, output_tokens: int | None) -> None:
         """The request ended in ``phase``: the core's charging rule refunds its tenant,
         then :meth:`release`."""
         self.core.end(self.now(), lease, phase, output_tokens)
+        self._ended(lease)
+
+    def _ended(self, lease: Lease) -> None:
+        """A waiter still on ``lease``'s future is cancelled; deliver what the release
+        settled."""
         future = self._waiting.get(lease)
         if future is not None and not future.done():
             future.cancel()

@@ -34,12 +34,11 @@ from headway.core.gateway_core import (
     StaticUpstreams,
     UpstreamState,
 )
-from headway.core.policy.admission import AdmissionConfig, AdmissionPolicy, AdmissionRequest
+from headway.core.policy.admission import AdmissionConfig, AdmissionRequest
 from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
-from headway.core.policy.queues import PriorityQueues, QueueConfig
-from headway.core.policy.routing import Router
-from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
+from headway.core.policy.queues import QueueConfig
+from headway.core.policy.speeds import SpeedPrior
 
 __all__ = ["GatewayConfig", "GatewayPreset", "SimGateway"]
 
@@ -143,14 +142,12 @@ class SimGateway:
         kv_blocks_per_replica: int = 1_000_000,
         speed_prior: SpeedPrior | None = None,
         slot_shares: Mapping[str, float] | None = None,
-        router: Router | None = None,
     ) -> None:
         """``kv_blocks_per_replica``: each replica's KV pool, the blocks the core
         projects calls into. ``speed_prior``: the speeds admission predicts with before a
         call completes (the live gateway's engine-model prior; None: no prediction until
         then). ``slot_shares``: each tenant's share of the dispatch slots (unnamed: its
-        queue weight). ``router``: the cluster's routing policy (None: least outstanding
-        requests)."""
+        queue weight). The simulator hands the core its cluster's router."""
         if config.preset != "headway-default":
             raise ValueError(
                 f"SimGateway implements the 'headway-default' preset, not {config.preset!r}; "
@@ -180,7 +177,7 @@ class SimGateway:
             tenant_active_s=config.tenant_active_s,
             kv_blocks_per_upstream=kv_blocks_per_replica,
         )
-        self.core = GatewayCore(settings, self.upstreams, speed_prior=speed_prior, router=router)
+        self.core = GatewayCore(settings, self.upstreams, speed_prior=speed_prior)
 
     def set_ready(self, ready: Sequence[bool]) -> None:
         """Which replicas take calls now (one flag per replica; a new replica gets a new
@@ -232,25 +229,3 @@ class SimGateway:
             (lease, outcome if isinstance(outcome, Shed) else self._index[id(outcome)])
             for lease, outcome in self.core.outcomes()
         ]
-
-    @property
-    def admission(self) -> AdmissionPolicy:
-        return self.core.admission
-
-    @property
-    def queues(self) -> PriorityQueues[Lease]:
-        return self.core.queues
-
-    @property
-    def running(self) -> dict[str, int]:
-        """Dispatched, unfinished calls per band."""
-        return self.core.running
-
-    @property
-    def in_flight(self) -> dict[str, int]:
-        """Per tenant: calls admitted or enqueued and not yet ended."""
-        return self.core.in_flight
-
-    @property
-    def speeds(self) -> ServiceSpeeds:
-        return self.core.speeds

@@ -30,7 +30,6 @@ def simulate_compiled(
     """Simulate an already compiled workload on ``cluster`` (behind its ``gateway``)."""
     step_time = step_time_model(cluster, load_efficiency_table())
     replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
-    router = Router(kind=cluster.router)
     gateway = None
     if cluster.gateway.preset == "headway-default":
         config = resolve_gateway(workload, cluster, step_time)
@@ -49,6 +48,7 @@ def simulate_compiled(
                 for name, t in workload.spec.tenants.items()
             },
         )
+    router = Router(kind=cluster.router)
     autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)
     disaggregation = None
     if cluster.disaggregation is not None:

@@ -209,10 +209,10 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
     else:
         assert gateway is not None
         # The gateway's own books are empty at the end: nothing queued, running or held.
-        gateway.queues.check_invariants()
-        assert len(gateway.queues) == 0
-        assert set(gateway.running.values()) == {0}
-        assert set(gateway.in_flight.values()) <= {0}
+        gateway.core.queues.check_invariants()
+        assert len(gateway.core.queues) == 0
+        assert set(gateway.core.running.values()) == {0}
+        assert set(gateway.core.in_flight.values()) <= {0}
 
     # SLO attainment keeps shed, timed-out, cancelled and unoffered calls in its
     # denominator; only completed calls can meet it.

@@ -127,8 +127,14 @@ def test_a_failed_request_is_counted_and_the_gateways_counts_balance(stack: Any)
     """The lifecycle's one balance on the gateway's own /metrics (issue 18): offered =
     completed + sheds + cancellations + deadline cancels + failed, nothing in flight.
     The engine dying under an admitted call (the last use of this module's engine) makes
-    it fail, 502, which the gateway now counts."""
+    it fail, 502, which the gateway now counts. Self-contained (under xdist the module's
+    other tests may run on another worker, with their own stack): one call completes,
+    one is cut at its deadline, one fails."""
     emulator, gateway = stack
+    status, _, _ = _post(gateway.url, {}, {**BODY, "max_tokens": 4})
+    assert status == 200
+    status, _, _ = _post(gateway.url, {"x-headway-deadline-ms": "300"})
+    assert status == 504
     fault = urllib.request.Request(
         f"{emulator.url}/admin/faults", json.dumps({"crash_after_s": 0.3}).encode(),
         {"Content-Type": "application/json"},
@@ -150,4 +156,6 @@ def test_a_failed_request_is_counted_and_the_gateways_counts_balance(stack: Any)
         + value("headway_gateway_deadline_cancels_total")
         + value("headway_gateway_requests_failed_total")
     )
-    assert offered == ended >= 4, (offered, ended)
+    assert offered == ended >= 3, (offered, ended)
+    assert value("headway_gateway_completed_total") >= 1
+    assert value("headway_gateway_deadline_cancels_total") >= 1

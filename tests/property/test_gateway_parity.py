@@ -188,14 +188,14 @@ async def _replay(
         """Run both drivers' expiry timers due up to ``to``, in time order."""
         nonlocal clock
         while True:
-            at_live, at_sim = live.core.next_timer_s(), sim.core.next_timer_s()
+            at_live, at_sim = live.core.next_timer_s(clock), sim.next_timer_s(clock)
             assert at_live == at_sim
             if at_live is None or at_live > to:
                 break
             loop.clock = clock = max(clock, at_live)
             for _ in range(3):  # the loop runs the due timer, then the futures' callbacks
                 await asyncio.sleep(0)
-            sim.expire(clock)
+            sim.on_timer(clock)
             settle()
         loop.clock = clock = to
 

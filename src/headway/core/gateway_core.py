@@ -12,8 +12,9 @@ A request is offered with :meth:`GatewayCore.offer`: a
 (:meth:`~GatewayCore.release`, :meth:`~GatewayCore.pump`, :meth:`~GatewayCore.expire`,
 ...): each settlement is an *outcome* (the lease and the upstream it was dispatched to,
 or the shed that ended it) that the driver collects with :meth:`~GatewayCore.outcomes`
-and delivers to the waiting caller. :meth:`~GatewayCore.next_timer_s` says when
-:meth:`~GatewayCore.expire` must next run (the earliest deadline of a queued lease).
+and delivers to the waiting caller. :meth:`~GatewayCore.next_timer_s` says when the
+driver's one timer must call :meth:`~GatewayCore.on_timer` (a queued lease's deadline, or
+a time at which a slot cap or an ejection ends).
 
 Slot shares (``tenant_slot_headroom``): while two or more tenants are active, a tenant
 holds at most its share of the ready slots (:meth:`GatewayCore.slot_caps`); at its cap
@@ -283,9 +284,27 @@ class GatewayCore:
         out, self._outcomes = self._outcomes, []
         return out
 
-    def next_timer_s(self) -> float | None:
-        """When :meth:`expire` must next run: the earliest deadline of a queued lease."""
-        return self.queues.next_deadline_s()
+    def next_timer_s(self, now: float) -> float | None:
+        """When :meth:`on_timer` must next run, after ``now`` (None: no time-driven change
+        is pending): the earliest deadline of a queued lease and, while any lease waits,
+        the first time the slot caps change by a tenant's last arrival ageing out or an
+        ejected upstream comes back into rotation (either may let a queued lease go with
+        no other event)."""
+        deadline_s = self.queues.next_deadline_s()
+        if not len(self.queues):
+            return deadline_s
+        times = [] if deadline_s is None else [deadline_s]
+        change_s = self.slots.next_change_s(now, self.in_flight)
+        if change_s is not None:
+            times.append(change_s)
+        times.extend(u.down_until_s for u in self.source.upstreams() if u.down_until_s > now)
+        return min(times, default=None)
+
+    def on_timer(self, now: float) -> None:
+        """The driver's timer (armed from :meth:`next_timer_s`): expire what waited past
+        its deadline, then dispatch what a cap or an ejection no longer holds back."""
+        self.expire(now)
+        self.pump(now)
 
     # -- state -----------------------------------------------------------------------------
 

@@ -306,10 +306,11 @@ class Controller:
         self.core.pump(self.now())
         self._settle()
 
-    def expire(self) -> None:
-        """End the queued requests whose deadline passed (EXPIRED, never sent)."""
+    def on_timer(self) -> None:
+        """The one timer: end the queued requests whose deadline passed (EXPIRED, never
+        sent) and dispatch what a slot cap or an ejection no longer holds back."""
         self._timer = self._timer_at = None
-        self.core.expire(self.now())
+        self.core.on_timer(self.now())
         self._settle()
 
     def _settle(self) -> None:
@@ -318,7 +319,7 @@ class Controller:
             future = self._waiting.get(lease)
             if future is not None and not future.done():
                 future.set_result(outcome)
-        at = self.core.next_timer_s()
+        at = self.core.next_timer_s(self.now())
         if at == self._timer_at:
             return
         if self._timer is not None:
@@ -328,5 +329,5 @@ class Controller:
             # At the deadline itself (the simulator's expiry event is at the same time); a
             # timer that fires a hair early expires nothing and is armed again.
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(max(at - self.now(), 0.0), self.expire)
+            self._timer = loop.call_later(max(at - self.now(), 0.0), self.on_timer)
             self._timer_at = at

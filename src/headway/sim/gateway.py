@@ -216,11 +216,16 @@ class SimGateway:
         """Dispatch what the queues let go; expire what waited past its deadline."""
         self.core.pump(now)
 
-    def expire(self, now: float) -> None:
-        """The expiry timer: end what waited past its deadline (the live driver's timer,
-        armed from :meth:`GatewayCore.next_timer_s
-        <headway.core.gateway_core.GatewayCore.next_timer_s>`, does the same)."""
-        self.core.expire(now)
+    def next_timer_s(self, now: float) -> float | None:
+        """When :meth:`on_timer` must next run (:meth:`GatewayCore.next_timer_s
+        <headway.core.gateway_core.GatewayCore.next_timer_s>`; the live driver arms its
+        one timer from the same value)."""
+        return self.core.next_timer_s(now)
+
+    def on_timer(self, now: float) -> None:
+        """The timer: end what waited past its deadline, dispatch what a slot cap or an
+        ejection no longer holds back."""
+        self.core.on_timer(now)
 
     def settled(self) -> list[tuple[Lease, int | Shed]]:
         """The queued attempts the core settled since the last call, in order: each to

@@ -38,6 +38,7 @@ class GatewayOffers(FleetChanges):
         gateway = self.gateway
         assert gateway is not None
         gateway.core.router = self.router
+        self._gateway_timer_s = -1.0
         gateway.set_ready([d.ready for d in self.drivers])
         spec = workload.spec
         self._call_tenant = [
@@ -87,8 +88,6 @@ class GatewayOffers(FleetChanges):
             self._send(j, gateway.replica_of(lease.upstream), now)
         else:
             self._queued.add(j)
-            if deadline_s is not None:
-                self.events.push(deadline_s, DISPATCH, EV_GATEWAY_EXPIRY)
         self._deliver(now)
 
     def _shed(
@@ -127,9 +126,12 @@ class GatewayOffers(FleetChanges):
         self._deliver(now)
 
     def _gateway_expiry(self, now: float) -> None:
-        """A queued call's deadline: the core's expiry timer."""
+        """The gateway's timer (a queued call's deadline, or a slot cap or an ejection
+        ending): the core expires and dispatches what the time lets go."""
         assert self.gateway is not None
-        self.gateway.expire(now)
+        if now >= self._gateway_timer_s:
+            self._gateway_timer_s = -1.0  # this one fired (an older one changes nothing)
+        self.gateway.on_timer(now)
         self._deliver(now)
 
     def _deliver(self, now: float) -> None:
@@ -153,6 +155,11 @@ class GatewayOffers(FleetChanges):
                     self._call_unserved(j, now)
                 else:
                     self._send(j, outcome, now)
+        at = gateway.next_timer_s(now)
+        if at is not None and at != self._gateway_timer_s:
+            # Events cannot be taken back: one armed earlier fires too, and finds nothing.
+            self.events.push(at, DISPATCH, EV_GATEWAY_EXPIRY)
+            self._gateway_timer_s = at
 
     def _withdraw_queued(self, j: int, now: float) -> None:
         """Call ``j``'s attempt leaves the gateway's line unsent (cancelled, abandoned)."""

@@ -99,6 +99,9 @@ class SimState:
     _class_e2e_s: list[float | None]
     _queued: set[int]
     """Calls waiting in the gateway's queues (not those backing off to retry)."""
+    _gateway_timer_s: float
+    """When the gateway's timer event is armed for (-1: none): the core's
+    ``next_timer_s``, as the live driver arms its one timer."""
     _backing_off: set[int]
     """Calls whose last attempt failed and whose client waits to retry them."""
     _num_impatient: int

@@ -71,3 +71,100 @@ def test_ejections_double_while_an_upstream_stays_dead_and_end_when_it_answers()
     assert u.down_until_s == pytest.approx(102.0)
     u.reachable_again()
     assert u.ready_at(100.5) and u.failures_in_a_row == 0
+
+
+def _tenant_offer(core: GatewayCore, now: float, tenant: str) -> Lease:
+    request = AdmissionRequest(tenant=tenant, prompt_tokens=100, p95_output_tokens=10)
+    lease = core.offer(now, request)
+    assert isinstance(lease, Lease), lease
+    return lease
+
+
+def test_a_slot_cap_that_ends_with_time_alone_arms_the_timer() -> None:
+    """A tenant counts as active for ``tenant_active_s`` after its last arrival; when the
+    other tenant's last one ages out, the flood's cap lifts with no event, and the timer
+    (not the next arrival or finish) dispatches what the cap held back."""
+    settings = CoreSettings(
+        admission=AdmissionConfig(), queues=QueueConfig(critical_reserved_slots=0),
+        tenant_slot_headroom=1.0, tenant_active_s=2.0,
+    )  # fmt: skip
+    core = GatewayCore(settings, StaticUpstreams([UpstreamState(url="u", slots=4)]))
+    light = _tenant_offer(core, 0.0, "light")
+    core.release(0.1, light, completed=True)  # gone, but active until 2.0 by its arrival
+    flood = [_tenant_offer(core, 0.2, "flood") for _ in range(4)]
+    assert [lease.upstream is not None for lease in flood] == [True, True, False, False]
+    assert core.next_timer_s(0.2) == 2.0  # no deadline queued: the cap's end alone
+    core.on_timer(1.999)  # a timer a hair early: the cap holds, the time stays armed
+    assert core.outcomes() == [] and core.next_timer_s(1.999) == 2.0
+    core.on_timer(2.0)
+    assert [lease for lease, _ in core.outcomes()] == flood[2:]
+    assert all(lease.upstream is not None for lease in flood)
+    assert core.next_timer_s(2.0) is None
+
+
+def test_an_ejection_that_ends_with_time_alone_arms_the_timer() -> None:
+    """One upstream is busy, the other ejected after a connection failure: a queued
+    request goes when the ejection ends, at the timer, not at the next event."""
+    busy, ejected = UpstreamState(url="busy", slots=1), UpstreamState(url="ejected", slots=1)
+    core = _core(busy, ejected)
+    ejected.eject(0.0, 2.0)
+    first = _offer(core, 0.5)
+    waiting = _offer(core, 0.5)
+    assert first.upstream is busy and waiting.upstream is None and waiting.queued
+    assert core.next_timer_s(0.5) == 2.0
+    core.on_timer(2.0)
+    assert core.outcomes() == [(waiting, ejected)]
+    assert core.next_timer_s(2.0) is None
+
+
+def test_no_timer_for_a_cap_or_an_ejection_while_nothing_waits() -> None:
+    """The timer is for queued requests: with none, only their deadlines would count."""
+    only = UpstreamState(url="only", slots=2)
+    core = _core(only)
+    only.eject(0.0, 2.0)
+    assert core.next_timer_s(0.5) is None
+
+
+def test_a_light_tenant_is_dispatched_at_once_beside_a_flood() -> None:
+    """Slot shares on the core's clock (once an end-to-end test that slept against a
+    real-time emulator): alone, a flooding tenant takes every slot (work-conserving); once
+    a light tenant is active the flood drains down to its share (its dispatched requests
+    are never pre-empted) and stays there, so every light request after that is
+    dispatched at once while the flood's requests queue."""
+    slots, heavy_cap = 4, 2  # ceil(1/2 × 4 slots × headroom 1.0)
+    settings = CoreSettings(
+        admission=AdmissionConfig(),
+        queues=QueueConfig(critical_reserved_slots=0, max_queued_per_tenant=64),
+        tenant_slot_headroom=1.0, tenant_active_s=5.0,
+    )  # fmt: skip
+    core = GatewayCore(settings, StaticUpstreams([UpstreamState(url="u", slots=slots)]))
+    heavy = [_tenant_offer(core, 0.0, "heavy") for _ in range(12)]
+    running = [lease for lease in heavy if lease.upstream is not None]
+    assert len(running) == slots and core.dispatched_by == {"heavy": slots}
+    now = 1.0
+    first_light = _tenant_offer(core, now, "light")
+    assert first_light.upstream is None  # every slot is the flood's: it waits for one
+
+    def heavy_finishes() -> None:
+        nonlocal now
+        now += 0.1
+        core.release(now, running.pop(0), completed=True)
+        running.extend(lease for lease, _ in core.outcomes() if lease.tenant == "heavy")
+        sent = _tenant_offer(core, now, "heavy")  # its client sends its next one at once
+        assert sent.upstream is None  # the flood's line, never a slot past its share
+
+    heavy_finishes()  # the freed slot goes to the light tenant, not to the flood's line
+    assert first_light.upstream is not None
+    core.release(now, first_light, completed=True)
+    while core.dispatched_by["heavy"] > heavy_cap:
+        heavy_finishes()
+    held = []
+    for _ in range(8):
+        now += 0.1
+        light = _tenant_offer(core, now, "light")
+        assert light.upstream is not None  # dispatched at once: no queue wait at all
+        heavy_finishes()  # the flood's next request takes its slot back, never more
+        held.append(core.dispatched_by["heavy"])
+        core.release(now, light, completed=True)
+    assert max(held) <= heavy_cap, held
+    assert core.queued_by(now)[1]["heavy"] >= 1  # the contention was real: it queued

@@ -1,7 +1,7 @@
 """Per-tenant dispatch-slot shares: a light tenant finds a slot beside a flood.
 
-While two or more tenants are *active* (requests queued or in flight, or one arrived in
-the last ``active_s``), a tenant holds at most ``ceil(its share / the active tenants'
+While two or more tenants are *active* (requests queued or in flight, or one arrived
+less than ``active_s`` ago), a tenant holds at most ``ceil(its share / the active tenants'
 shares × ready slots × headroom)`` dispatched requests (at least one). At its cap its
 requests wait in line and are passed over by the queues' ``eligible`` hook without
 losing their place, so the slots it may not take stay free for the other active
@@ -12,8 +12,10 @@ tenant of small share waits (and may be refused ``queue_full``) beside idle slot
 simulator turns the shares on only when asked (``gateway.tenant_slot_headroom``).
 
 :class:`TenantSlots` keeps what the caps are computed from (dispatched requests per
-tenant, when each was last seen) and takes ``now`` on every call; the live gateway's core
-(:mod:`headway.core.gateway_core`) and the simulator's gateway own one each.
+tenant, until when each counts as active for its last arrival) and takes ``now`` on every
+call. The caps change with time alone when a tenant's last arrival ages out:
+:meth:`TenantSlots.next_change_s` says when, so the driver's timer can dispatch what a
+cap held back (:meth:`headway.core.gateway_core.GatewayCore.next_timer_s`).
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ class TenantSlots:
         self.active_s = active_s
         self.held: dict[str, int] = {}
         """Dispatched (slot-holding) requests per tenant."""
-        self._last_seen: dict[str, float] = {}
+        self._active_until: dict[str, float] = {}
+        """When each tenant seen stops counting as active for its last arrival."""
 
     def seen(self, now: float, tenant: str) -> None:
-        """A request of ``tenant`` arrived at ``now``."""
-        self._last_seen[tenant] = now
+        """A request of ``tenant`` arrived at ``now``: it is active until
+        ``now + active_s``."""
+        self._active_until[tenant] = now + self.active_s
 
     def took(self, tenant: str) -> None:
         """A request of ``tenant`` was dispatched: it holds a slot."""
@@ -70,13 +74,13 @@ class TenantSlots:
             return None
         active = {t for t, n in in_flight.items() if n > 0}
         stale = []
-        for t, seen in self._last_seen.items():
-            if now - seen <= self.active_s:
+        for t, until in self._active_until.items():
+            if now < until:
                 active.add(t)
             elif t not in active:
                 stale.append(t)
         for t in stale:
-            del self._last_seen[t]
+            del self._active_until[t]
         if len(active) < 2:
             return None
         shares = {t: self.share(t) for t in active}
@@ -84,6 +88,18 @@ class TenantSlots:
         if whole <= 0:
             return None
         return {t: max(1, math.ceil(s / whole * total * self.headroom)) for t, s in shares.items()}
+
+    def next_change_s(self, now: float, in_flight: Mapping[str, int]) -> float | None:
+        """The first time after ``now`` at which the caps change with no event: a tenant
+        active only for its last arrival (nothing queued or in flight) stops counting
+        (None: no such tenant, or no caps). Exactly then :meth:`caps` no longer counts it
+        (the same sum, compared ``now < until``), so a timer armed for it finds it gone."""
+        if self.headroom is None:
+            return None
+        return min(
+            (u for t, u in self._active_until.items() if u > now and not in_flight.get(t)),
+            default=None,
+        )
 
     def at_cap(self, caps: Mapping[str, int] | None, tenant: str) -> bool:
         """Whether ``tenant`` holds its cap under ``caps`` (from :meth:`caps`)."""

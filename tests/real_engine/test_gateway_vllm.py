@@ -543,6 +543,33 @@ def test_queue_exhaustion_drill_against_the_replicas(
     _idle(urls)
 
 
+def test_deadline_expires_drill_against_the_replicas(
+    replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest
+) -> None:
+    """`headway drill deadline-expires` (seed 003's "if deadline_expires: cancel scheduler
+    state and release blocks") against a gateway in front of the two vLLM replicas: its
+    calls of 400 tokens (tens of seconds here) with a 1.5 s deadline are cancelled in vLLM
+    at their deadline and answered 504 deadline_exceeded (or a last error event), vLLM
+    ends idle, nothing is lost, the counts balance."""
+    from headway.drill.catalog import DRILLS
+    from headway.drill.run import run_drill
+    from headway.drill.stack import TENANTS, RemoteStack
+
+    drill = DRILLS["deadline-expires"]
+    urls = _urls(replicas)
+    _idle(urls)
+    config = _config(urls, tenants=dict(TENANTS), **drill.stack.gateway)
+    with GatewayProcess(config) as gw:
+        _all_ready(gw.url, urls)
+        stack = RemoteStack([gw.url], engine_urls=urls, api_keys=list(TENANTS))
+        result = asyncio.run(run_drill(drill, stack, seed=0))
+    observed = {c.figure: c.observed for c in result.checks}
+    _report(request, f"deadline-expires on vLLM: {result.status} {result.detail} {observed}")
+    failed = [c for c in result.checks if not c.passed]
+    assert result.status == "passed" and not failed, (result.detail, failed)
+    _idle(urls)
+
+
 def test_kill_decode_drill_against_the_replicas(
     replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -45,7 +45,9 @@ class LoadedWorkload:
 
 def _all_field_names() -> set[str]:
     names: set[str] = set()
-    for obj in vars(spec_types).values():
+    for name, obj in vars(spec_types).items():
+        if name.startswith("_"):
+            continue  # the families' private base (its tag is its class name)
         if isinstance(obj, type) and issubclass(obj, msgspec.Struct):
             names.update(obj.__struct_fields__)
     return names
@@ -111,7 +113,9 @@ def _value_at(path: str, data: Any) -> Any:
 def _tag_options(kind: str) -> list[str]:
     field_name = "dist" if kind == "dist" else "process"
     out = []
-    for obj in vars(spec_types).values():
+    for name, obj in vars(spec_types).items():
+        if name.startswith("_"):
+            continue  # the families' private base (its tag is its class name)
         if isinstance(obj, type) and issubclass(obj, msgspec.Struct):
             cfg = obj.__struct_config__
             if cfg.tag_field == field_name and isinstance(cfg.tag, str):

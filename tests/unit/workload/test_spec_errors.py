@@ -228,3 +228,13 @@ def test_a_named_entry_with_backticks_is_named_whole(name: str) -> None:
     message = str(caught.value)
     assert message.startswith(f"w.yaml: $.classes.{shown}.bogus: unknown key"), message
     assert "\n" not in message
+
+
+def test_an_unknown_family_lists_only_the_families_a_file_may_name() -> None:
+    """The hint for `dist: constant` names what to write instead, never the private base
+    class the families share (its msgspec tag is its class name, `_Dist`)."""
+    with pytest.raises(WorkloadError) as info:
+        parse_workload(_with("classes.chat.input_tokens", {"dist": "constant"}), "w.yaml")
+    hint = str(info.value).split("Use one of: ", 1)[1].rstrip(".")
+    assert hint.split(", ") == sorted(hint.split(", "))
+    assert "fixed" in hint.split(", ") and "_" not in hint

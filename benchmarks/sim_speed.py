@@ -9,7 +9,11 @@ Runs, each in a fresh process (so peak memory is its own):
    runs 6 minutes of it and extrapolates);
 3. the first prediction for a new model/GPU pair: build the roofline for a model and GPU
    from their public specifications and price one step, in a fresh interpreter
-   (``first_prediction_s``, interpreter start excluded).
+   (``first_prediction_s``, interpreter start excluded);
+4. the Azure trace again behind the ``headway-default`` gateway (the live gateway's core:
+   admission, queues, slots, routing over the core's load views for every call;
+   ``sim_requests_per_s_gateway``, and ``gateway_speed_ratio`` against run 1, same run;
+   skip with ``--no-gateway``).
 
 Prints a table and ends with one line of JSON. Run from the repository root:
 ``python benchmarks/sim_speed.py [--quick] [--traces ../shared/traces]``.
@@ -24,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import msgspec
 
 from headway import native
 
@@ -44,7 +50,7 @@ SYNTHETIC = {
 }
 
 
-def _child_simulate(spec_json: str, replicas: int, trace: str | None) -> None:
+def _child_simulate(spec_json: str, replicas: int, trace: str | None, gateway: str) -> None:
     """Run in a child process: compile, simulate, print figures as JSON."""
     from headway.core.trace_data import TraceData
     from headway.files.workload import parse_workload
@@ -58,7 +64,8 @@ def _child_simulate(spec_json: str, replicas: int, trace: str | None) -> None:
         traces[trace] = read_trace(trace)
     spec = parse_workload(data)
     started = time.perf_counter()
-    result, _, workload = simulate(spec, ClusterSpec(replicas=replicas), traces=traces)
+    cluster = msgspec.convert({"replicas": replicas, "gateway": {"preset": gateway}}, ClusterSpec)
+    result, _, workload = simulate(spec, cluster, traces=traces)
     wall_s = time.perf_counter() - started
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
@@ -72,6 +79,7 @@ def _child_simulate(spec_json: str, replicas: int, trace: str | None) -> None:
                 "steps": result.engine.steps,
                 "steps_skipped": result.engine.steps_skipped,
                 "ttft_p50_s": result.latencies.ttft.p50_s,
+                "shed": sum(g.calls for g in result.by_outcome if g.name == "shed"),
                 "tpot_p50_s": result.latencies.tpot.p50_s,
             }
         )
@@ -111,14 +119,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="6 minutes of the 1-hour workload")
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    parser.add_argument(
+        "--no-gateway", action="store_true", help="skip the run behind headway-default"
+    )
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         if args.child[0] == "first":
             _child_first_prediction()
         else:
-            trace = args.child[2] if len(args.child) > 2 and args.child[2] else None
-            _child_simulate(args.child[0], int(args.child[1]), trace)
+            trace = args.child[2] or None
+            _child_simulate(args.child[0], int(args.child[1]), trace, args.child[3])
         return 0
 
     trace = args.traces / "azure_llm_2023_conv.csv.gz"
@@ -128,16 +139,22 @@ def main() -> int:
         "classes": {"conv": {"slo": {"ttft_s": 2.0, "tpot_s": 0.1}}},
         "sources": [{"name": "azure", "arrivals": {"process": "trace", "path": str(trace)}}],
     }
-    azure = _run_child(json.dumps(azure_spec), "4", str(trace))
+    azure = _run_child(json.dumps(azure_spec), "4", str(trace), "fifo-unbounded")
     synthetic = dict(SYNTHETIC)
     fraction = 0.1 if args.quick else 1.0
     synthetic["duration_s"] = 3600 * fraction
-    million = _run_child(json.dumps(synthetic), "64", "")
+    million = _run_child(json.dumps(synthetic), "64", "", "fifo-unbounded")
     first = _run_child("first")
+    gated = None
+    if not args.no_gateway:
+        gated = _run_child(json.dumps(azure_spec), "4", str(trace), "headway-default")
     million_s = million["wall_s"] / fraction * (1_000_000 / (million["requests"] / fraction))
     print(f"{'workload':<34}{'requests':>10}{'wall s':>9}{'req/s':>9}{'RSS MB':>8}")
-    for name, r in (("Azure conv, 4 × Llama-3-8B/H100", azure),
-                    (f"synthetic {fraction:g} h, 64 replicas", million)):  # fmt: skip
+    runs = [("Azure conv, 4 × Llama-3-8B/H100", azure),
+            (f"synthetic {fraction:g} h, 64 replicas", million)]  # fmt: skip
+    if gated is not None:
+        runs.append(("Azure conv, behind headway-default", gated))
+    for name, r in runs:
         print(
             f"{name:<34}{r['requests']:>10,.0f}{r['wall_s']:>9.2f}{r['requests_per_s']:>9,.0f}"
             f"{r['peak_rss_mb']:>8.0f}"
@@ -155,6 +172,10 @@ def main() -> int:
         "first_prediction_s": round(first["first_prediction_s"], 4),
         "headway_compiled": native.status().compiled,
     }
+    if gated is not None:
+        figures["sim_requests_per_s_gateway"] = round(gated["requests_per_s"], 1)
+        figures["gateway_speed_ratio"] = round(gated["requests_per_s"] / azure["requests_per_s"], 3)
+        figures["gateway_shed"] = gated["shed"]
     print(f"headway ran {native.status().reason}")
     print(json.dumps(figures))
     return 0

@@ -82,6 +82,17 @@ def test_report_has_bad_day_matrix_and_no_network_urls(report: Path) -> None:
     assert page.count('class="plot"') >= len(PLOTS)
 
 
+def test_report_shows_littles_law_at_every_boundary(report: Path, tmp_path: Path) -> None:
+    """Issue 19, result 1: the replayed run's check at each boundary, in its own table."""
+    seen = open_report(report, tmp_path / "report.png")
+    tables = [t for t in seen.tables if t["title"] == "Little's law at every boundary"]
+    assert len(tables) == 1, [t["title"] for t in seen.tables]
+    page = report.read_text(encoding="utf-8")
+    section = page[page.index("id='little'") :]
+    for boundary in ("tasks (", "gateway (", "replicas (", "KV blocks ("):
+        assert boundary in section, boundary
+
+
 def test_no_two_labels_of_a_plot_overlap(report: Path, tmp_path: Path) -> None:
     """Issue 16, defect 18: "knee" was drawn on "SLO 3 s", "target 95%" on "planned 4"."""
     seen = open_report(report, tmp_path / "report.png")
@@ -89,10 +100,12 @@ def test_no_two_labels_of_a_plot_overlap(report: Path, tmp_path: Path) -> None:
     assert seen.overlaps == [], seen.overlaps
 
 
-UNITS = ("(s)", " s)", "(%", "(×)", "/s", "$", "(tasks", "(calls", "(replicas", "(tokens")
+UNITS = ("(s)", " s)", "(%", "(×)", "/s", "$", "(tasks", "(calls", "(replicas", "(tokens",
+         "(items")  # fmt: skip
 """How a column names its unit."""
 DIMENSIONLESS = {"seed", "points", "replicas", "segment", "name", "calls", "policy", "scenario",
-                 "period", "route", "source", "class", "in time", "unit", "limit"}  # fmt: skip
+                 "period", "route", "source", "class", "in time", "unit", "limit",
+                 "boundary"}  # fmt: skip
 """Column names that need no unit: names, labels and counts of the thing they name."""
 
 

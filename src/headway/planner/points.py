@@ -21,7 +21,7 @@ from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.planner.demand import steady_workload
 from headway.sim.cluster import ClusterSpec
-from headway.sim.results import Group, SimResult
+from headway.sim.results import Group, Little, SimResult
 from headway.sim.run import simulate_compiled
 from headway.sim.simulator import OUTCOMES, SimOptions, SimOutcome
 from headway.sim.sweep import SweepPoint, sweep_point
@@ -101,6 +101,8 @@ class Replay(msgspec.Struct, frozen=True, kw_only=True):
     tails: list[Tail]
     shed_calls: int
     amplification: float
+    little: list[Little] = msgspec.field(default_factory=list)
+    """Little's law at every boundary of the run (the instrumentation's own check)."""
 
 
 def _pct(summary_p50: float | None, p90: float | None, p99: float | None) -> Percentiles:
@@ -204,4 +206,5 @@ def run_replay(task: PointTask, traces: Mapping[str, TraceData] | None = None) -
         + _tails("input tokens", r.by_length),
         shed_calls=r.accounting.shed,
         amplification=r.accounting.amplification,
+        little=r.little_boundaries,
     )

@@ -105,6 +105,7 @@ class ClientBehaviour(GatewayOffers):
         nan = math.nan
         for column in (
             self._dispatch_s,
+            self._replica_enter_s,
             self._admitted_s,
             self._first_token_s,
             self._finish_s,
@@ -310,6 +311,7 @@ class ClientBehaviour(GatewayOffers):
         if req is None or not driver.model.abort(j):
             return False
         self._num_output_tokens[j] = req.num_output_tokens
+        self._record_stay(j, now, req.num_prompt_tokens, req.num_output_tokens)
         driver.outstanding_requests -= 1
         self._outstanding[replica] -= 1
         tokens = self._call_in[j] + self._call_out[j]

@@ -142,9 +142,14 @@ def _print_result(r: SimResult, wall_s: float) -> None:
         f"SLO attainment {r.slo.attainment:.1%} (goodput {r.slo.goodput_per_s:.2f}/s); "
         f"{task_deadline_text(r.slo.task_attainment, r.slo.task_deadlines_declared)}; throughput "
         f"{r.throughput.requests_per_s:.2f} req/s, {r.throughput.output_tokens_per_s:,.0f} "
-        f"output tok/s; preemptions {r.engine.preemptions}; Little's law mismatch "
-        f"{r.little.relative_mismatch:.1%}; simulated in {wall_s:.2f} s "
+        f"output tok/s; preemptions {r.engine.preemptions}; simulated in {wall_s:.2f} s "
         f"({r.engine.steps:,} steps, {r.engine.steps_skipped:,} skipped)"
+    )
+    console.print(
+        "Little's law, L against λW over the sampled window: "
+        + ", ".join(
+            f"{b.boundary.split(' (')[0]} {b.relative_mismatch:.1%}" for b in r.little_boundaries
+        )
     )
 
 

@@ -113,6 +113,10 @@ class FleetChanges(DisaggregatedHandoff):
             req = driver.model.scheduler.get_request(j)
             output = 0 if req is None else req.num_output_tokens
             driver.model.abort(j)
+            if req is None:  # it finished in the step the loss cut short
+                self._record_stay(j, now, self._call_in[j], 0)
+            else:
+                self._record_stay(j, now, req.num_prompt_tokens, output)
             driver.outstanding_requests -= 1
             self._outstanding[driver.index] -= 1
             driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]

@@ -28,6 +28,13 @@ CANCELLED: Final = 4
 TIMED_OUT: Final = 5
 FAILED: Final = 6
 
+STAY_COLUMNS = ("enter_s", "leave_s", "admitted_s", "first_token_s", "prompt_tokens",
+                "output_tokens")  # fmt: skip
+"""The columns of :attr:`SimOutcome.replica_stays`, one row per stay of an engine request
+in an engine: when it entered and left, when it was first scheduled (its blocks
+allocated) and emitted its first token there, the prompt it held and the tokens it
+computed there."""
+
 SHED_REASONS = tuple(r.value for r in ShedReason)
 """The shed reasons, in the order of the codes in ``CallRecords.shed_reason``."""
 SHED_CODE = {r: i for i, r in enumerate(ShedReason)}
@@ -143,4 +150,8 @@ class SimOutcome:
     kv_transfer_s_total: float = 0.0
     """With disaggregation: their seconds, summed (a transfer cancelled midway counts
     whole: the link was committed to it)."""
+    replica_stays: FloatArray = field(default_factory=lambda: np.empty((0, len(STAY_COLUMNS))))
+    """Every stay of a request in an engine, a row of :data:`STAY_COLUMNS` each: retried
+    attempts, clients' duplicates and losing copies included (the call records keep one
+    attempt per call)."""
     extra: dict[str, float] = field(default_factory=dict)

@@ -13,7 +13,14 @@ from typing import Final, cast
 import numpy as np
 
 from headway.core.engine.replica import DecodeRun, StepResult
-from headway.sim.outcome import FAILED, IN_FLIGHT, NOT_OFFERED, CallRecords, SimOutcome
+from headway.sim.outcome import (
+    FAILED,
+    IN_FLIGHT,
+    NOT_OFFERED,
+    STAY_COLUMNS,
+    CallRecords,
+    SimOutcome,
+)
 from headway.sim.state import SimState
 
 # ITL histogram: log-spaced bins from 10 µs to 1,000 s, 0.25% wide.
@@ -32,6 +39,8 @@ class Recording(SimState):
         """Empty records for ``n`` calls, an empty ITL histogram, no steps yet."""
         nan = math.nan
         self._dispatch_s = [nan] * n
+        self._replica_enter_s = [nan] * n
+        self._replica_stays = []
         self._admitted_s = [nan] * n
         self._first_token_s = [nan] * n
         self._finish_s = [nan] * n
@@ -49,6 +58,21 @@ class Recording(SimState):
         self._itl_counts = [0] * _ITL_BINS
         self._num_steps = 0
         self._num_skipped = 0
+
+    def _record_stay(self, j: int, now: float, prompt_tokens: int, output_tokens: int) -> None:
+        """Row ``j``'s engine request left its engine at ``now`` (finished, aborted, lost,
+        or its prefill handed on), having held ``prompt_tokens`` and computed
+        ``output_tokens`` there: one row of :data:`~headway.sim.outcome.STAY_COLUMNS`."""
+        enter = self._replica_enter_s[j]
+        admitted = self._admitted_s[j]
+        if admitted < enter:  # admitted in an earlier stay (a decode replica's: at entry)
+            admitted = enter
+        first = self._first_token_s[j]
+        if not first >= enter:  # none in this stay (a decode replica's: its first step)
+            first = admitted
+        self._replica_stays.extend(
+            (enter, now, admitted, first, float(prompt_tokens), float(output_tokens))
+        )
 
     def _sim_outcome(self, now: float, num_events: int, loop_wall_s: float) -> SimOutcome:
         """The run's outcome at its end ``now``, after ``num_events`` events in
@@ -95,6 +119,9 @@ class Recording(SimState):
             timeline_kv_blocks=at[:, 2].astype(np.int64),
             kv_transfers=self._num_transfers,
             kv_transfer_s_total=self._transfer_s_total,
+            replica_stays=np.array(self._replica_stays, dtype=np.float64).reshape(
+                -1, len(STAY_COLUMNS)
+            ),
         )
 
     def _call_records(self) -> CallRecords:
@@ -248,14 +275,28 @@ class Recording(SimState):
         self._itl_counts[i] += tokens
 
     def _sample(self, now: float) -> None:
+        """One timeline sample at ``now``: every replica's requests and blocks as a client
+        sees them. A pending decode run is applied up to ``now`` first (read before, its
+        tokens and blocks would still be those of the run's start); a request whose last
+        token the step in flight emits still runs, with its blocks, until that step ends
+        (the engine model frees them when it plans the step)."""
         running = waiting = blocks = 0
         used = 0.0
         alive = 0
+        block_size = self._block_size
         for d in self.drivers:
             if not d.alive:
                 continue
+            self._materialize(d, now)
             alive += 1
-            running += d.model.num_running
+            finishing = d.pending_finished
+            if d.step_result is not None:
+                finishing = cast("tuple[int, ...]", d.step_result.finished_ids)
+            prefill_only = self._num_prefill > 0 and d.index < self._num_prefill
+            for j in finishing:
+                tokens = self._call_in[j] + (1 if prefill_only else self._call_out[j])
+                blocks += -(-tokens // block_size)
+            running += d.model.num_running + len(finishing)
             waiting += d.model.num_waiting
             used += d.model.kv_usage
             blocks += d.model.scheduler.pool.num_used

@@ -114,6 +114,7 @@ class ReplicaStepping(Recording):
         self._outstanding[choice] += 1
         driver.outstanding_tokens += prompt + (1 if self._num_prefill else output)
         self._dispatch_s[j] = now
+        self._replica_enter_s[j] = now
         self._replica[j] = choice
         if driver.state == IDLE:
             driver.state = STEP

@@ -24,6 +24,7 @@ from headway.core.metrics import (
     summarize,
     summarize_histogram,
     task_deadlines_s,
+    time_inside_s,
     tpot_s,
 )
 from headway.core.workload.compile import CompiledWorkload
@@ -95,9 +96,9 @@ class Timeline(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Little(msgspec.Struct, frozen=True, kw_only=True):
-    """L = λW at one boundary: the sampled occupancy against λW from the records, and
-    their relative mismatch (reported, not hidden: a mismatch says the records and the
-    live state disagree, or the window cuts through long stays)."""
+    """L = λW at one boundary over the sampled window: the sampled occupancy against λW
+    from the records, and their relative mismatch (reported, not hidden: a mismatch says
+    the records and the live state disagree)."""
 
     boundary: str
     mean_in_system: float
@@ -355,12 +356,14 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
     deadlines = task_deadlines_s(deadline_by_class, w.task_class)
     task_met = task_done & (out.task_finish_s - w.task_arrival_s <= deadlines)
     occupancy = (out.timeline_running + out.timeline_waiting).astype(np.float64)
+    window_s = _sampled_window_s(out)
+    stays = out.replica_stays
     little = little_check(
         "replicas (admitted sequences + waiting)",
-        c.dispatch_s,
-        c.finish_s,
+        stays[:, 0],
+        stays[:, 1],
         0.0,
-        out.end_s,
+        window_s,
         out.timeline_s,
         occupancy,
     )
@@ -371,7 +374,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
                 w.task_arrival_s,
                 out.task_end_s,
                 0.0,
-                out.end_s,
+                window_s,
                 out.timeline_s,
                 out.timeline_tasks.astype(np.float64),
             )
@@ -382,13 +385,13 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
                 c.arrival_s,
                 c.finish_s,
                 0.0,
-                out.end_s,
+                window_s,
                 out.timeline_s,
                 out.timeline_calls.astype(np.float64),
             )
         ),
         _little(little),
-        _kv_little(w, out),
+        _kv_little(out, window_s),
     ]
     retried = c.attempts >= 2
     ended = c.outcome != OUTCOMES.index("not_offered")
@@ -492,25 +495,49 @@ def _little(check: LittleCheck) -> Little:
     )
 
 
-def _kv_little(w: CompiledWorkload, out: SimOutcome) -> Little:
-    """Little's law in block-seconds: the sampled blocks held against the block-seconds
-    the completed calls' records imply (prompt blocks from admission, plus output blocks
-    growing linearly from the first token to the finish). Prefix sharing, preemption and
-    calls still running at the end make the two differ; the mismatch says by how much."""
-    c = out.calls
+def _sampled_window_s(out: SimOutcome) -> float:
+    """The end of the window the occupancy was sampled over (from 0): the last sample,
+    at the run's horizon (its duration, or its last arrival)."""
+    return float(out.timeline_s[-1]) if out.timeline_s.size else out.end_s
+
+
+def _kv_little(out: SimOutcome, window_s: float) -> Little:
+    """Little's law in block-seconds over ``[0, window_s]``: the sampled blocks held
+    against the block-seconds every stay in an engine implies inside the window (its
+    prompt's blocks from its admission to its leaving, plus its output's blocks growing
+    linearly from its first token there). Prefix sharing (a block held by several
+    requests is counted once by the pool), preemption (blocks given back while waiting)
+    and block rounding during the ramp make the two differ; the mismatch says by how
+    much."""
     block = max(int(out.replica_block_size), 1)
-    done = (c.outcome == OUTCOMES.index("completed")) & np.isfinite(c.admitted_s)
-    prompt = np.ceil(w.call_input_tokens[done] / block)
-    output = np.ceil(c.num_output_tokens[done] / block)
-    prefill_s = c.first_token_s[done] - c.admitted_s[done]
-    decode_s = c.finish_s[done] - c.first_token_s[done]
-    block_s = float((prompt * (prefill_s + decode_s) + output * decode_s / 2.0).sum())
-    span = max(out.end_s, 1e-9)
-    held = float((prompt + output).sum())
-    inside = out.timeline_s <= out.end_s
+    stays = out.replica_stays
+    admitted = stays[:, 2]
+    held = np.isfinite(admitted)  # never scheduled: it held no block
+    stays, admitted = stays[held], admitted[held]
+    leave, first = stays[:, 1], stays[:, 3]
+    prompt_tokens, output_tokens = stays[:, 4], stays[:, 5]
+    prompt = np.ceil(prompt_tokens / block)
+    output = np.ceil((prompt_tokens + output_tokens) / block) - prompt
+    # ∫ output·(t − first)/(leave − first) dt over the part of [first, leave] inside.
+    low, high = np.maximum(first, 0.0), np.minimum(leave, window_s)
+    ramp_s = leave - first
+    safe_s = np.where(ramp_s > 0, ramp_s, 1.0)
+    grown_s = np.where(
+        (high > low) & (ramp_s > 0),
+        ((high - first) ** 2 - (low - first) ** 2) / (2.0 * safe_s),
+        0.0,
+    )
+    block_s = float((prompt * time_inside_s(admitted, leave, 0.0, window_s)).sum())
+    block_s += float((output * grown_s).sum())
+    entered = (admitted >= 0.0) & (admitted <= window_s)
+    blocks_entered = float((prompt + output)[entered].sum())
+    inside = out.timeline_s <= window_s
     mean_l = float(out.timeline_kv_blocks[inside].mean()) if inside.any() else math.nan
     check = LittleCheck(
-        "KV blocks (held by requests)", mean_l, held / span, block_s / held if held else 0.0
+        "KV blocks (held by requests)",
+        mean_l,
+        blocks_entered / max(window_s, 1e-9),
+        block_s / blocks_entered if blocks_entered else 0.0,
     )
     return _little(check)
 

@@ -56,6 +56,13 @@ class SimState:
     # Per-call records (same rows), Python lists while the run goes (a list item is
     # cheaper to read and write than a numpy element); CallRecords arrays at the end.
     _dispatch_s: list[float]
+    _replica_enter_s: list[float]
+    """When each row's request last entered a replica's engine (a disaggregated one's
+    decode replica too)."""
+    _replica_stays: list[float]
+    """Every stay of a request in an engine (attempts, duplicates and losing copies
+    included), flat rows of :data:`~headway.sim.outcome.STAY_COLUMNS`: the records of the
+    replica and KV boundaries' Little's-law checks."""
     _admitted_s: list[float]
     _first_token_s: list[float]
     _finish_s: list[float]
@@ -153,6 +160,10 @@ class SimState:
         raise NotImplementedError
 
     def _send(self, j: int, choice: int, now: float) -> None:
+        raise NotImplementedError
+
+    # headway.sim.recording
+    def _record_stay(self, j: int, now: float, prompt_tokens: int, output_tokens: int) -> None:
         raise NotImplementedError
 
     def _materialize(self, driver: ReplicaDriver, now: float) -> None:

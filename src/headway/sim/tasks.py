@@ -87,6 +87,10 @@ class TaskFlow(ClientBehaviour):
                 self._on_decode.discard(r)
         self._finish_s[r] = now
         self._num_output_tokens[r] = self._call_out[r]  # a finished call emitted all
+        if self._num_prefill and driver.index >= self._num_prefill:  # its decode stay
+            self._record_stay(r, now, self._call_in[r] + 1, self._call_out[r] - 1)
+        else:
+            self._record_stay(r, now, self._call_in[r], self._call_out[r])
         driver.outstanding_requests -= 1
         self._outstanding[driver.index] -= 1
         driver.outstanding_tokens -= self._call_in[r] + self._call_out[r]

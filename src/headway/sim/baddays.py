@@ -7,10 +7,10 @@ A :class:`Scenario` is a value: a name, a one-line summary, what it changes, and
 (:func:`compose`; ``a+b`` on the command line). Every time a scenario sets (a fault, a
 burst window) is a fraction of the workload's ``duration_s``, so a two-minute run sees the
 same bad day as a ten-minute one. :func:`run_bad_days` applies each scenario to the
-workload at the requested load, simulates it under each gateway preset in worker
-processes, and returns a :class:`BadDayMatrix`: goodput, attainment, tails, sheds,
-amplification and cost per successful task for every (scenario, preset) cell. The same
-seed gives the same matrix.
+workload at the requested load, simulates it under each gateway preset on an executor
+(:mod:`headway.executors`: worker processes or Ray), and returns a :class:`BadDayMatrix`:
+goodput, attainment, tails, sheds, amplification and cost per successful task for every
+(scenario, preset) cell. The same seed gives the same matrix, whichever executor ran it.
 
 The scenarios (seed 002: "one provider or replica pool unavailable; cache cold after
 deploy; prompts twice normal length; retry storm from a downstream timeout; large tenant
@@ -38,10 +38,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, get_args
@@ -52,6 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from headway import executors
 from headway.core.errors import ConfigError
 from headway.core.policy.autoscaler import AutoscalerConfig
 from headway.core.trace_data import TraceData
@@ -78,6 +77,7 @@ from headway.core.workload.spec import (
     Uniform,
     WorkloadSpec,
 )
+from headway.executors import LocalExecutor, PointExecutor
 from headway.files.jsonout import to_json
 from headway.files.output import write_text_atomic
 from headway.sim.cluster import ClusterSpec
@@ -758,9 +758,10 @@ def run_bad_days(
     traces: Mapping[str, TraceData] | None = None,
     options: SimOptions | None = None,
     on_cell: Callable[[BadDayCell], None] | None = None,
+    executor: PointExecutor | None = None,
 ) -> BadDayMatrix:
-    """Simulate every scenario under every gateway preset; ``jobs`` worker processes
-    (1: in this process).
+    """Simulate every scenario under every gateway preset on ``executor`` (default:
+    ``jobs`` local worker processes; 1: in this process).
 
     The workload is first given ``duration_s`` (default: its own) and scaled to ``load``;
     each scenario (a name, or names joined by ``+``) is applied to that, and the cluster's
@@ -806,7 +807,18 @@ def run_bad_days(
                     price_per_replica_hour=price,
                 )
             )
-    results = _run_jobs(work, jobs, traces, options, on_cell)
+
+    def done(_index: int, result: tuple[BadDayCell, str]) -> None:
+        if on_cell is not None:
+            on_cell(result[0])
+
+    calls = [(job, traces, options) for job in work]
+    runs_on = LocalExecutor(min(jobs, len(work))) if executor is None else executor
+    try:
+        results = runs_on.map(_run_cell, calls, on_done=done)
+    finally:
+        if executor is None:
+            runs_on.close()
     bases = sorted({basis for _, basis in results})
     return BadDayMatrix(
         schema=SCHEMA,
@@ -821,37 +833,6 @@ def run_bad_days(
         scenarios=infos,
         cells=[cell for cell, _ in results],
     )
-
-
-def _run_jobs(
-    work: Sequence[_Job],
-    jobs: int,
-    traces: Mapping[str, TraceData] | None,
-    options: SimOptions | None,
-    on_cell: Callable[[BadDayCell], None] | None,
-) -> list[tuple[BadDayCell, str]]:
-    """Run ``work`` and return its results in ``work``'s order."""
-    if jobs == 1 or len(work) == 1:
-        done = []
-        for job in work:
-            done.append(_run_cell(job, traces, options))
-            if on_cell is not None:
-                on_cell(done[-1][0])
-        return done
-    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as executor:
-        futures: dict[Future[tuple[BadDayCell, str]], int] = {
-            executor.submit(_run_cell, job, traces, options): i for i, job in enumerate(work)
-        }
-        slots: list[tuple[BadDayCell, str] | None] = [None] * len(work)
-        try:
-            for future in as_completed(futures):
-                slots[futures[future]] = future.result()
-                if on_cell is not None:
-                    on_cell(future.result()[0])
-        except BaseException:
-            executor.shutdown(cancel_futures=True)
-            raise
-    return [r for r in slots if r is not None]
 
 
 # --------------------------------------------------------------------------------------
@@ -880,6 +861,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=int, default=None, help="with --bad-days: worker processes (default: CPUs)"
     )
+    executors.add_arguments(parser, "the matrix's cells", only_with="--bad-days")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -890,6 +872,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             ("--scenarios", args.scenarios),
             ("--presets", args.presets),
             ("--jobs", args.jobs),
+            ("--executor", args.executor),
+            ("--ray-address", args.ray_address),
         )
         if value is not None
     ]
@@ -919,9 +903,7 @@ def command(
     for name in scenarios:  # unknown names fail before any simulation starts
         get_scenario(name)
     _check_presets(presets)
-    jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
+    jobs = executors.jobs_or_cpus(args.jobs)
     progress = Progress(
         TextColumn("bad days"),
         BarColumn(),
@@ -931,25 +913,30 @@ def command(
         console=Console(stderr=True),
         transient=True,
     )
-    with progress:
-        task = progress.add_task("", total=len(scenarios) * len(presets))
+    cells = len(scenarios) * len(presets)
+    executor = executors.from_arguments(args, jobs=min(jobs, cells))
+    try:
+        with progress:
+            task = progress.add_task("", total=cells)
 
-        def advance(cell: BadDayCell) -> None:
-            progress.update(task, advance=1, description=f"{cell.scenario} / {cell.preset}")
+            def advance(cell: BadDayCell) -> None:
+                progress.update(task, advance=1, description=f"{cell.scenario} / {cell.preset}")
 
-        matrix = run_bad_days(
-            spec,
-            cluster,
-            presets=presets,
-            scenarios=scenarios,
-            load=args.load,
-            jobs=jobs,
-            duration_s=args.duration_s,
-            seed=args.seed,
-            traces=traces,
-            options=SimOptions(skip_decode=not args.no_skip),
-            on_cell=advance,
-        )
+            matrix = run_bad_days(
+                spec,
+                cluster,
+                presets=presets,
+                scenarios=scenarios,
+                load=args.load,
+                duration_s=args.duration_s,
+                seed=args.seed,
+                traces=traces,
+                options=SimOptions(skip_decode=not args.no_skip),
+                on_cell=advance,
+                executor=executor,
+            )
+    finally:
+        executor.close()
     text = to_json(matrix)
     if args.out is not None:
         write_text_atomic(Path(args.out) / "bad-days.json", text)

@@ -25,7 +25,7 @@ from headway.core.workload.scale import scale_workload
 from headway.files.jsonout import to_json
 from headway.files.output import output_folder, write_text_atomic
 from headway.files.workload import load_workload, read_yaml
-from headway.sim import baddays
+from headway.sim.baddays import commands as baddays
 from headway.sim.cluster import ClusterSpec, parse_cluster, with_profile
 from headway.sim.results import SimResult, write_records
 from headway.sim.run import simulate

@@ -58,3 +58,16 @@ def test_unknown_names_exit_2_with_a_suggestion(capsys: pytest.CaptureFixture[st
     assert "did you mean 'fifo-unbounded'" in capsys.readouterr().err
     assert main(["simulate", str(WORKLOAD), "--scenarios", "baseline"]) == 2
     assert "add --bad-days" in capsys.readouterr().err
+
+
+def test_executor_flags_are_checked_like_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", str(WORKLOAD), "--cluster", str(CLUSTER)]
+    for verb in (["plan", str(WORKLOAD)], [*args, "--bad-days"]):
+        with pytest.raises(SystemExit) as exited:  # a usage error, found at parse
+            main([*verb, "--executor", "dask"])
+        assert exited.value.code == 2
+        assert "argument --executor: invalid choice: 'dask'" in capsys.readouterr().err
+    assert main([*args, "--executor", "ray"]) == 2
+    assert "--executor only apply to the matrix; add --bad-days" in capsys.readouterr().err
+    assert main([*args, "--bad-days", "--jobs", "0"]) == 2
+    assert "--jobs must be >= 1 (got 0)" in capsys.readouterr().err

@@ -137,3 +137,14 @@ def test_the_summary_says_when_no_task_deadline_is_declared(
         assert "no task deadline declared" in text and "tasks within deadline 1" not in text
     else:
         assert f"tasks within deadline {slo['task_attainment']:.1%}" in text
+
+
+def test_sweep_refuses_an_unknown_executor_at_parse(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w, c = files
+    with pytest.raises(SystemExit) as exited:
+        main(["sweep", str(w), "--cluster", str(c), "--loads", "1", "--executor", "dask"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "headway sweep: error: argument --executor: invalid choice: 'dask'" in err

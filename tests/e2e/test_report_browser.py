@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 from browser import open_report
+from headway.executors import LocalExecutor
 from headway.files.jsonout import to_builtins
 from headway.files.workload import load_workload
-from headway.planner.executors import LocalExecutor
 from headway.planner.plan import build_plan, default_cluster
 from headway.planner.simulated import PlanSettings
 from headway.report.html import render_plan_html

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from headway import executors
 from headway.core.errors import ConfigError
 from headway.files.output import output_folder
 from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.verbs import VERBS
 
 if TYPE_CHECKING:  # the verb's machinery (scipy, the simulator) loads when it runs
-    from headway.planner.executors import PointExecutor
+    from headway.executors import PointExecutor
     from headway.planner.plan import ClusterChoice
 
 INTERRUPTED_EXIT = 130
@@ -56,17 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--out", type=output_folder, default=None, help="folder for plan.json and report.html"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument(
-        "--executor",
-        choices=("local", "ray"),
-        default="local",
-        help="where simulated points run: a local process pool (default) or Ray",
-    )
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)",
-    )
+    executors.add_arguments(parser, "simulated points")
     parser.add_argument(
         "--jobs", type=int, default=None, help="local worker processes (default: CPU count)"
     )
@@ -241,7 +231,6 @@ def _plan(args: argparse.Namespace) -> int:
     from headway.core.workload.validate import require_latency_slo
     from headway.files.output import write_text_atomic
     from headway.files.workload import load_workload
-    from headway.planner.executors import make_executor
     from headway.planner.plan import ClusterChoice, build_plan, default_cluster
     from headway.planner.render import plan_to_builtins, plan_to_json, render_plan_terminal
     from headway.planner.simulated import PlanSettings
@@ -280,15 +269,14 @@ def _plan(args: argparse.Namespace) -> int:
             spec=with_profile(choice.spec, args.profile),
             source=f"{choice.source}; step times from the profile {args.profile}",
         )
-    jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
+    jobs = executors.jobs_or_cpus(args.jobs)
     executor: PointExecutor | None = None
     console = Console()
     progress = _Bars if sys.stderr.isatty() else _Lines
     with progress(enabled=not args.analytic_only) as bars:
         try:
             if not args.analytic_only and choice.spec is not None:
-                address = args.ray_address or os.environ.get("RAY_ADDRESS")
-                executor = make_executor(args.executor, jobs=jobs, ray_address=address)
+                executor = executors.from_arguments(args, jobs=jobs)
             plan = build_plan(
                 spec,
                 choice,
@@ -299,7 +287,6 @@ def _plan(args: argparse.Namespace) -> int:
                 traces=loaded.traces,
                 progress=bars,
                 analytic_only=args.analytic_only,
-                jobs=jobs,
             )
         finally:
             if executor is not None:

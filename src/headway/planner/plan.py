@@ -20,11 +20,11 @@ from headway.core.errors import ConfigError
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import WorkloadSpec
 from headway.core.workload.validate import require_latency_slo
+from headway.executors import PointExecutor
 from headway.planner import STAGES
 from headway.planner.analytic import AnalyticPlan, plan_analytic
 from headway.planner.answer import Answer, plan_answer
 from headway.planner.compare import Comparison, compare
-from headway.planner.executors import PointExecutor
 from headway.planner.points import PlanPoint, Replay
 from headway.planner.simulated import (
     BurstCheck,
@@ -142,11 +142,10 @@ def build_plan(
     traces: Mapping[str, TraceData] | None = None,
     progress: Progress | None = None,
     analytic_only: bool = False,
-    jobs: int = 1,
 ) -> Plan:
-    """Run the plan's stages; an interrupted plan keeps what finished. ``jobs``: worker
-    processes of the bad-day matrix (its cells do not depend on it). A simulated plan
-    needs a latency SLO (:class:`~headway.core.errors.WorkloadError` otherwise)."""
+    """Run the plan's stages on ``executor`` (the bad-day matrix too); an interrupted plan
+    keeps what finished. A simulated plan needs a latency SLO
+    (:class:`~headway.core.errors.WorkloadError` otherwise)."""
     if not analytic_only:
         require_latency_slo(spec, "the plan's replica search")
     settings = settings or PlanSettings()
@@ -172,8 +171,13 @@ def build_plan(
         assert executor is not None
         sim, interrupted = _simulate(spec, analytic, choice, executor, settings, traces, progress)
     bad_days: BadDayMatrix | None = None
-    if sim is not None and interrupted is None and "bad-days" in settings.stages:
-        bad_days, interrupted = _bad_days(spec, sim, settings, traces, progress, jobs)
+    if (
+        sim is not None
+        and executor is not None
+        and interrupted is None
+        and ("bad-days" in settings.stages)
+    ):
+        bad_days, interrupted = _bad_days(spec, sim, executor, settings, traces, progress)
     comparison = compare(spec, analytic, sim) if sim is not None else []
     answer = plan_answer(analytic, sim)
     return Plan(
@@ -230,10 +234,10 @@ def _stages_left_out(settings: PlanSettings, sim: SimulatedPlan | None) -> list[
 def _bad_days(
     spec: WorkloadSpec,
     sim: SimulatedPlan,
+    executor: PointExecutor,
     settings: PlanSettings,
     traces: Mapping[str, TraceData] | None,
     progress: Progress,
-    jobs: int,
 ) -> tuple[BadDayMatrix | None, str | None]:
     """The bad-day matrix on the planned cluster (the recommended replicas), under the
     cluster's gateway preset and ``headway-default``, each cell as long as a steady
@@ -248,7 +252,7 @@ def _bad_days(
             spec,
             cluster,
             presets=presets,
-            jobs=jobs,
+            executor=executor,
             duration_s=settings.steady_duration_s,
             traces=traces,
             on_cell=lambda _cell: progress.advance(1),

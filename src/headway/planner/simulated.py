@@ -27,10 +27,10 @@ import msgspec
 from headway.core.engine.catalog import get_gpu
 from headway.core.trace_data import TraceData
 from headway.core.workload.spec import WorkloadSpec
+from headway.executors import PointExecutor
 from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.planner.analytic import AnalyticPlan, Episode, fluid_episodes, source_profile
 from headway.planner.demand import peak_rates
-from headway.planner.executors import PointExecutor
 from headway.planner.points import PlanPoint, PointTask, Replay, run_replay, run_steady
 from headway.sim.cluster import ClusterSpec
 from headway.sim.sweep import Knee, SweepPoint, attainment_target, search_knee, tenant_targets

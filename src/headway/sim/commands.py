@@ -4,14 +4,13 @@
 [--load X] [--json] [--out DIR]`` runs one simulation; ``--out`` writes ``result.json``
 and ``records.npz`` (per-call records, one column per array); ``--bad-days`` runs the
 matrix of gateway presets × bad-day scenarios instead (:mod:`headway.sim.baddays`).
-``headway sweep WORKLOAD [--cluster ...] (--loads 0.5,1,2 | --search) [--jobs N]``
-scales offered load and finds the knee.
+``headway sweep WORKLOAD [--cluster ...] (--loads 0.5,1,2 | --search) [--jobs N]
+[--executor local|ray]`` scales offered load and finds the knee.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,13 +18,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from headway import executors
 from headway.core.errors import ConfigError
 from headway.core.metrics import task_deadline_text
 from headway.core.workload.scale import scale_workload
 from headway.files.jsonout import to_json
 from headway.files.output import output_folder, write_text_atomic
 from headway.files.workload import load_workload, read_yaml
-from headway.sim import baddays
+from headway.sim.baddays import commands as baddays
 from headway.sim.cluster import ClusterSpec, parse_cluster, with_profile
 from headway.sim.results import SimResult, write_records
 from headway.sim.run import simulate
@@ -58,7 +58,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common(sw)
     sw.add_argument("--loads", default=None, help="comma-separated load factors, e.g. 0.5,1,2")
     sw.add_argument("--search", action="store_true", help="search for the knee")
-    sw.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    sw.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes, and the search's points per round (default: CPU count)",
+    )
+    executors.add_arguments(sw, "the sweep's points")
     sw.add_argument("--out", type=output_folder, default=None, help="folder for sweep.json")
     sw.set_defaults(handler=_sweep)
 
@@ -166,15 +172,17 @@ def _sweep(args: argparse.Namespace) -> int:
             ) from None
         if not factors or any(not f > 0 for f in factors):
             raise ConfigError(f"--loads must be numbers > 0 (got {args.loads!r})")
-    jobs = args.jobs if args.jobs is not None else max(1, os.cpu_count() or 1)
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
+    jobs = executors.jobs_or_cpus(args.jobs)
     loaded = load_workload(args.workload)
     cluster = load_cluster(args.cluster, args.profile)
-    result = sweep(
-        loaded.spec, cluster, factors=factors, search=args.search, seed=args.seed, jobs=jobs,
-        traces=loaded.traces,
-    )  # fmt: skip
+    executor = executors.from_arguments(args, jobs=jobs)
+    try:
+        result = sweep(
+            loaded.spec, cluster, factors=factors, search=args.search, seed=args.seed,
+            jobs=jobs, traces=loaded.traces, executor=executor,
+        )  # fmt: skip
+    finally:
+        executor.close()
     text = to_json(result)
     if args.out is not None:
         write_text_atomic(args.out / "sweep.json", text)

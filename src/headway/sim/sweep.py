@@ -1,7 +1,8 @@
 """Sweep offered load and find the knee: the largest load with SLO attainment at target.
 
 A point is the workload with every arrival rate multiplied by a load factor, simulated
-with one seed. Points run in parallel worker processes. The knee search brackets the
+with one seed. Points run on an executor (:mod:`headway.executors`: worker processes or
+Ray), the same points whichever runs them. The knee search brackets the
 knee by doubling, then narrows the bracket with ``jobs`` interior points per round
 (k-section; bisection when ``jobs`` is 1) until it is within ``tolerance`` (relative).
 Attainment is over offered calls, so shed or unfinished work counts against it.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Literal, Protocol, TypeVar
 
 import msgspec
@@ -26,6 +26,7 @@ from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.scale import scale_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.core.workload.validate import require_latency_slo
+from headway.executors import LocalExecutor, PointExecutor
 from headway.sim.cluster import ClusterSpec
 from headway.sim.results import SimResult
 from headway.sim.run import simulate_compiled
@@ -199,20 +200,17 @@ class KneePoint(Protocol):
 P = TypeVar("P", bound=KneePoint)
 
 
-def pool_runner(
+def executor_runner(
     spec: WorkloadSpec,
     cluster: ClusterSpec,
     seed: int,
-    executor: Executor | None,
+    executor: PointExecutor,
     traces: Mapping[str, TraceData] | None = None,
 ) -> PointRunner:
-    """Run load factors in ``executor`` (or in this process when None), in order."""
+    """Run load factors on ``executor``, points in the factors' order."""
 
     def run(factors: Sequence[float]) -> list[SweepPoint]:
-        if executor is None:
-            return [run_point(spec, cluster, f, seed, traces) for f in factors]
-        futures = [executor.submit(run_point, spec, cluster, f, seed, traces) for f in factors]
-        return [f.result() for f in futures]
+        return executor.map(run_point, [(spec, cluster, f, seed, traces) for f in factors])
 
     return run
 
@@ -229,7 +227,7 @@ def search_knee(
 ) -> tuple[Knee, list[P]]:
     """Bracket and narrow the largest load factor whose attainment is at least ``target``.
 
-    ``run`` maps load factors to points: simulated (:func:`pool_runner`) or measured.
+    ``run`` maps load factors to points: simulated (:func:`executor_runner`) or measured.
     ``attainment`` reads a point's attainment (default: its overall ``slo_attainment``;
     the plan passes :attr:`SweepPoint.attainment_held`, which holds tenant targets too).
     """
@@ -319,15 +317,18 @@ def sweep(
     jobs: int = 1,
     traces: Mapping[str, TraceData] | None = None,
     tolerance: float = 0.02,
+    executor: PointExecutor | None = None,
 ) -> SweepResult:
-    """Simulate each load factor, or search for the knee, in ``jobs`` processes (the
-    search needs a latency SLO)."""
+    """Simulate each load factor, or search for the knee (which needs a latency SLO), on
+    ``executor`` (default: ``jobs`` local processes). ``jobs`` is also the search's points
+    per round, so the same ``jobs`` finds the same knee on any executor."""
     if search:
         require_latency_slo(spec, "`sweep --search`")
     seed = spec.seed if seed is None else seed
-    executor = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    own = executor is None
+    runs_on = LocalExecutor(jobs) if executor is None else executor
     try:
-        run = pool_runner(spec, cluster, seed, executor, traces)
+        run = executor_runner(spec, cluster, seed, runs_on, traces)
         points = run(list(factors)) if factors else []
         knee = None
         if search:
@@ -337,8 +338,8 @@ def sweep(
             )  # fmt: skip
             points.extend(searched)
     finally:
-        if executor is not None:
-            executor.shutdown(cancel_futures=True)
+        if own:
+            runs_on.close()
     unique = {p.load_factor: p for p in points}
     return SweepResult(
         schema=SCHEMA,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from headway.core.workload.spec import WorkloadSpec
+from headway.executors import LocalExecutor
 from headway.files.jsonout import to_json
 from headway.planner.analytic import plan_analytic
-from headway.planner.executors import LocalExecutor
 from headway.planner.plan import ClusterChoice, Plan, build_plan, default_cluster
 from headway.planner.points import Replay, Series
 from headway.planner.simulated import (
@@ -127,11 +127,17 @@ class _InterruptAfter:
     def __init__(self, n: int) -> None:
         self.inner, self.left, self.workers = LocalExecutor(1), n, 1
 
-    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T]:
+    def map(
+        self,
+        fn: Callable[..., T],
+        calls: Sequence[tuple[Any, ...]],
+        *,
+        on_done: Callable[[int, T], None] | None = None,
+    ) -> list[T]:
         self.left -= 1
         if self.left == 0:
             raise KeyboardInterrupt
-        return self.inner.map(fn, calls)
+        return self.inner.map(fn, calls, on_done=on_done)
 
     def close(self) -> None:
         self.inner.close()

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from headway.core.workload.spec import WorkloadSpec
-from headway.planner.executors import LocalExecutor
+from headway.executors import LocalExecutor
 from headway.planner.plan import build_plan, default_cluster
 from headway.planner.simulated import PlanSettings, PointRunner, search_replicas
 from headway.sim.cluster import ClusterSpec

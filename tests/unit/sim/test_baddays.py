@@ -393,3 +393,17 @@ def test_a_lost_replica_is_paid_for_and_a_storm_that_did_not_form_is_said() -> N
     cell = storm.cells[0]
     assert cell.amplification < 1.05
     assert cell.note is not None and cell.note.startswith("no storm formed")
+
+
+def test_matrix_is_the_same_in_one_process_or_two() -> None:
+    spec, cluster = _workload(), _cluster(replicas=2, price_per_replica_hour=2.0)
+    kwargs: dict[str, Any] = {"scenarios": ["baseline", "retry-storm", "tenant-burst"],
+                              "duration_s": 10.0}  # fmt: skip
+    one = run_bad_days(spec, cluster, jobs=1, **kwargs)
+    heard: list[tuple[str, str]] = []
+    two = run_bad_days(
+        spec, cluster, jobs=2, on_cell=lambda c: heard.append((c.scenario, c.preset)), **kwargs
+    )
+    assert to_json(two) == to_json(one)
+    assert sorted(heard) == sorted((c.scenario, c.preset) for c in one.cells)
+    assert len(heard) == len(one.cells) == 6

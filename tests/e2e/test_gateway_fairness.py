@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from headway.emulate.process import EmulatorProcess
+from headway.gateway.probe import metric_samples
 from headway.gateway.process import GatewayProcess
 
 MODEL = "llama-3-8b"
@@ -28,10 +29,13 @@ def _metrics(url: str) -> str:
         return str(resp.read().decode())
 
 
-def _series(text: str, name: str, tenant: str, extra: str = "") -> float:
-    pattern = rf'^{re.escape(name)}{{tenant="{tenant}"{re.escape(extra)}}} (\S+)$'
-    found = re.findall(pattern, text, re.MULTILINE)
-    return float(found[0]) if found else 0.0
+def _series(text: str, name: str, tenant: str, **more: str) -> float:
+    """The sample of ``name`` whose labels are exactly ``tenant`` and ``more`` (0 if none)."""
+    want = {"tenant": tenant, **more}
+    for sample, labels, value in metric_samples(text):
+        if sample == name and dict(re.findall(r'(\w+)="([^"]*)"', labels)) == want:
+            return value
+    return 0.0
 
 
 def _held(url: str, tenant: str) -> float:
@@ -108,10 +112,10 @@ def test_a_light_tenant_is_dispatched_at_once_beside_a_flood() -> None:
     assert max(held) <= HEAVY_CAP, held
     # ... so every measured light request found a slot at once: no queue wait at all.
     name = "headway_gateway_queue_wait_seconds_bucket"
-    at_once = [_series(t, name, "light", ',le="0.001"') for t in (before, after)]
+    at_once = [_series(t, name, "light", le="0.001") for t in (before, after)]
     assert at_once[1] - at_once[0] == measured
     # Meanwhile the heavy tenant's requests did queue (the contention was real).
     heavy_total = _series(after, "headway_gateway_queue_wait_seconds_count", "heavy")
-    heavy_at_once = _series(after, name, "heavy", ',le="0.001"')
+    heavy_at_once = _series(after, name, "heavy", le="0.001")
     assert heavy_total - heavy_at_once >= 1
     assert set(heavy_codes) == {200}

@@ -152,7 +152,7 @@ def test_fallback_routes_only_where_the_data_policy_allows_and_revision_pins() -
             assert status == 200, data
             with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as response:
                 text = response.read().decode()
-            assert 'headway_gateway_fallbacks_total{route="big",fallback="small"} 1' in text
+            assert 'headway_gateway_fallbacks_total{fallback="small",route="big"} 1.0' in text
 
 
 def test_measured_tpot_refuses_the_surely_late_at_arrival() -> None:

@@ -236,10 +236,8 @@ def test_metrics_fill_running_waiting_and_kv(r2: str) -> None:
                 assert u.probe_counts["pass"] >= passes + 1  # loaded, still answering right
                 snap = pool.state()["upstreams"][0]
                 assert snap["running_requests"] >= 3 and snap["metrics_error"] == ""
-                assert any(
-                    line.startswith("headway_gateway_upstream_running_requests{")
-                    for line in pool.prometheus_lines()
-                )
+                running = pool.metric_series()["headway_gateway_upstream_running_requests"]()
+                assert running == [((r2, "r2"), float(u.running_requests))]
             finally:
                 for task in load:
                     task.cancel()

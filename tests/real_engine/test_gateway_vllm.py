@@ -493,7 +493,7 @@ def test_a_replica_with_other_token_ids_is_excluded(
             text = _metrics(gw.url)
             ready = "headway_gateway_upstream_ready"
             wrong = _value(text, "headway_gateway_upstream_probes_total",
-                           f'upstream="{urls[1]}",outcome="wrong"')  # fmt: skip
+                           f'outcome="wrong",upstream="{urls[1]}"')  # fmt: skip
             return (_value(text, ready, f'upstream="{urls[0]}"'),
                     _value(text, ready, f'upstream="{urls[1]}"'), wrong)  # fmt: skip
 

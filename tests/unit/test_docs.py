@@ -36,6 +36,11 @@ def test_generated_docs_are_current() -> None:
     drills = (ROOT / "docs" / "drills.md").read_text(encoding="utf-8")
     assert "<!-- BEGIN GENERATED DRILLS" in drills
     assert drills == gen.expected_drills_md(drills), "run: python scripts/gen_docs.py"  # type: ignore[attr-defined]
+    for name, groups in gen.METRIC_TABLES.items():  # type: ignore[attr-defined]
+        doc = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        assert "<!-- BEGIN GENERATED METRICS" in doc, name
+        table = gen.metrics_table(groups)  # type: ignore[attr-defined]
+        assert doc == gen.expected_metrics_md(doc, table), "run: python scripts/gen_docs.py"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

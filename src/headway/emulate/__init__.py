@@ -3,5 +3,6 @@
 The core :class:`~headway.core.engine.replica.ReplicaModel` (the simulator's engine model)
 advanced on the wall clock behind HTTP: :mod:`.clock` paces it, :mod:`.openai_api` reads
 and writes the OpenAI wire format, :mod:`.server` serves it, :mod:`.faults` holds the drill
-knobs and :mod:`.metrics` the Prometheus text. ``docs/emulate.md`` is the user's guide.
+knobs; its metrics are declared in :mod:`headway.metrics_catalog`. ``docs/emulate.md`` is
+the user's guide.
 """

@@ -30,7 +30,6 @@ from headway.core.engine.replica import ReplicaModel
 from headway.core.errors import ConfigError
 from headway.core.policy.deadlines import BUDGET_HEADER, Deadline
 from headway.emulate.faults import FaultState, FaultUpdate
-from headway.emulate.metrics import MetricsRegistry
 from headway.emulate.openai_api import ApiError, GenerationRequest, parse_request
 from headway.emulate.openapi import openapi_document
 from headway.emulate.tokens import OutputTokens, prompt_block_hashes, token_text
@@ -43,6 +42,8 @@ from headway.http_errors import (
     openai_shaped_errors,
     too_large_response,
 )
+from headway.metrics_catalog import CACHE_CONFIG_LABELS, EMULATOR, Metrics
+from headway.metrics_catalog import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 __all__ = ["CRASH_EXIT_CODE", "EmulatorServer", "EmulatorSettings"]
 
@@ -112,28 +113,23 @@ class EmulatorServer:
         """Bearer token of ``/admin/faults`` (None: open, for drills on loopback)."""
         self.limits = limits or BoundaryLimits(max_body_bytes=MAX_BODY_BYTES)
         self.faults = faults if faults is not None else FaultState()
-        self.metrics = MetricsRegistry(settings.served_model_names[0])
+        self.metrics = Metrics(EMULATOR, fixed={"model_name": settings.served_model_names[0]})
         self.engine = WallClockEngine(
             replica, speedup=speedup, faults=self.faults, metrics=self.metrics
         )
         config = replica.config
         # vLLM labels its CacheConfig's fields with str(value): True, None, 16.
-        self.metrics.info("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", {
+        cache_config = {
             "block_size": str(config.block_size), "cache_dtype": "auto",
             "enable_prefix_caching": str(config.enable_prefix_caching),
             "num_gpu_blocks": str(replica.scheduler.pool.num_blocks),
             "num_gpu_blocks_override": "None", "engine": "0",
-        })  # fmt: skip
-        self._requests = self.metrics.counter(
-            "headway_emulator_http_requests_total", "Generation requests received."
-        )
-        self._client_errors = self.metrics.counter(
-            "headway_emulator_client_errors_total", "Requests refused as client mistakes (4xx)."
-        )
-        self._deadline_aborts = self.metrics.counter(
-            "headway_emulator_deadline_aborts_total",
-            "Requests aborted when their x-headway-budget-ms ran out.",
-        )
+        }  # fmt: skip
+        info = tuple(cache_config[k] for k in CACHE_CONFIG_LABELS)
+        self.metrics.read("vllm:cache_config_info", lambda: [(info, 1.0)])
+        self._requests = self.metrics.counter("headway_emulator_http_requests_total")
+        self._client_errors = self.metrics.counter("headway_emulator_client_errors_total")
+        self._deadline_aborts = self.metrics.counter("headway_emulator_deadline_aborts_total")
         self.app = web.Application(
             client_max_size=MAX_BODY_BYTES,
             middlewares=[
@@ -360,9 +356,9 @@ class EmulatorServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            text=self.metrics.render(), content_type="text/plain", charset="utf-8",
-            headers={"X-Content-Type-Options": "nosniff"},
-        )  # fmt: skip
+            body=self.metrics.render(),
+            headers={"Content-Type": METRICS_CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
+        )
 
     # ----------------------------------------------------------------- generation
 

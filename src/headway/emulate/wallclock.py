@@ -31,13 +31,7 @@ from typing import Final
 from headway.core.engine.replica import ReplicaModel, StepResult
 from headway.core.engine.scheduler import EngineRequest, RequestId
 from headway.emulate.faults import FaultState
-from headway.emulate.metrics import (
-    ITL_BUCKETS_S,
-    LAG_BUCKETS_S,
-    REQUEST_BUCKETS_S,
-    TTFT_BUCKETS_S,
-    MetricsRegistry,
-)
+from headway.metrics_catalog import FINISHED_REASONS, Metrics
 
 __all__ = ["Generation", "WallClockEngine"]
 
@@ -109,7 +103,7 @@ class WallClockEngine:
         *,
         speedup: float,
         faults: FaultState,
-        metrics: MetricsRegistry,
+        metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (speedup > 0 and math.isfinite(speedup)):
@@ -131,90 +125,47 @@ class WallClockEngine:
         self.lag_s = 0.0
         """Wall seconds by which the last step's tokens went out after their due time."""
         self.max_lag_s = 0.0
+        self.prefix_queried_tokens = 0
+        """The scheduler's prefix-cache queries (tokens), as of the last step delivered."""
+        self.prefix_hit_tokens = 0
+        """The scheduler's prefix-cache hits (tokens), as of the last step delivered."""
+        self.metrics: Final = metrics
+        """Its registry (``EMULATOR`` of :mod:`headway.metrics_catalog`, ``model_name``
+        fixed): the engine's series, updated as steps are delivered or read at scrape."""
         m = metrics
-        self.metrics = m
-        m.gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            lambda: float(replica.num_running),
-        )
-        m.gauge(
+        m.read_value("vllm:num_requests_running", lambda: float(replica.num_running))
+        m.read_value(
             "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
             lambda: float(replica.num_waiting + len(self._pending)),
         )
-        m.gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            lambda: replica.kv_usage,
-        )
-        m.gauge(
-            "headway_emulator_lag_seconds",
-            "Wall seconds by which the last step's tokens went out after their due time.",
-            lambda: self.lag_s,
-        )
-        m.gauge(
-            "headway_emulator_lag_max_seconds",
-            "Largest delivery lag so far (wall seconds).",
-            lambda: self.max_lag_s,
-        )
-        m.gauge(
-            "headway_emulator_speedup",
-            "Emulated engine seconds per wall-clock second.",
-            lambda: speedup,
-        )
-        self._prompt_tokens = m.counter(
-            "vllm:prompt_tokens_total", "Number of prefill tokens processed."
-        )
-        self._generation_tokens = m.counter(
-            "vllm:generation_tokens_total", "Number of generation tokens processed."
-        )
-        self._preemptions = m.counter(
-            "vllm:num_preemptions_total", "Cumulative number of preemptions."
-        )
-        self._steps = m.counter("headway_emulator_steps_total", "Engine steps run.")
-        self._prefix_queries = m.counter(
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.",
-        )
-        self._prefix_hits = m.counter(
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.",
-        )
-        self._late_steps = m.counter(
-            "headway_emulator_late_steps_total",
-            "Steps whose tokens went out more than 1 ms (wall) late.",
-        )
-        self._ttft = m.histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS_S,
-        )
-        self._itl = m.histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            ITL_BUCKETS_S,
-        )
-        self._tpot = m.histogram(
-            "vllm:time_per_output_token_seconds",
-            "Histogram of time per output token in seconds (as ITL).",
-            ITL_BUCKETS_S,
-        )
-        self._e2e = m.histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of end-to-end request latency in seconds.",
-            REQUEST_BUCKETS_S,
-        )
-        self._queue = m.histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent waiting in the queue in seconds.",
-            REQUEST_BUCKETS_S,
-        )
-        self._lag = m.histogram(
-            "headway_emulator_step_lag_seconds",
-            "Delivery lag of each step (wall seconds).",
-            LAG_BUCKETS_S,
-        )
+        m.read_value("vllm:kv_cache_usage_perc", lambda: replica.kv_usage)
+        m.read_value("headway_emulator_lag_seconds", lambda: self.lag_s)
+        m.read_value("headway_emulator_lag_max_seconds", lambda: self.max_lag_s)
+        m.read_value("headway_emulator_speedup", lambda: speedup)
+        m.read_value("vllm:prefix_cache_queries_total", lambda: self.prefix_queried_tokens)
+        m.read_value("vllm:prefix_cache_hits_total", lambda: self.prefix_hit_tokens)
+        self._prompt_tokens = m.counter("vllm:prompt_tokens_total")
+        self._generation_tokens = m.counter("vllm:generation_tokens_total")
+        self._preemptions = m.counter("vllm:num_preemptions_total")
+        self._steps = m.counter("headway_emulator_steps_total")
+        self._late_steps = m.counter("headway_emulator_late_steps_total")
+        self._finished = {
+            r: m.counter("vllm:request_success_total", finished_reason=r) for r in FINISHED_REASONS
+        }
+        self._ttft = m.histogram("vllm:time_to_first_token_seconds")
+        self._itl = m.histogram("vllm:inter_token_latency_seconds")
+        self._tpot = m.histogram("vllm:time_per_output_token_seconds")
+        self._e2e = m.histogram("vllm:e2e_request_latency_seconds")
+        self._queue = m.histogram("vllm:request_queue_time_seconds")
+        self._lag = m.histogram("headway_emulator_step_lag_seconds")
+
+    def _count_finished(self, reason: str) -> None:
+        counter = self._finished.get(reason)
+        if counter is None:  # a reason beyond vLLM's three: exposed from now on
+            counter = self._finished[reason] = self.metrics.counter(
+                "vllm:request_success_total", finished_reason=reason
+            )
+        counter.inc()
 
     # ----------------------------------------------------------------- time
 
@@ -295,7 +246,7 @@ class WallClockEngine:
         else:
             self.replica.abort(gen.request_id)
             self._wake.set()
-        self.metrics.request_finished("abort")
+        self._count_finished("abort")
         gen._notify()
 
     # ----------------------------------------------------------------- the loop
@@ -386,8 +337,8 @@ class WallClockEngine:
         live = self._live
         self._steps.inc()
         scheduler = self.replica.scheduler
-        self._prefix_queries.value = float(scheduler.num_prefix_queried_tokens)
-        self._prefix_hits.value = float(scheduler.num_prefix_hit_tokens)
+        self.prefix_queried_tokens = scheduler.num_prefix_queried_tokens
+        self.prefix_hit_tokens = scheduler.num_prefix_hit_tokens
         if result.preempted_ids:
             self._preemptions.inc(len(result.preempted_ids))
         for rid in result.admitted_ids:
@@ -406,8 +357,9 @@ class WallClockEngine:
                 self._ttft.observe(end_v - gen.arrival_v)
             else:
                 gap = end_v - gen.last_token_v
-                self._itl.observe(gap, n)
-                self._tpot.observe(gap, n)
+                for _ in range(n):  # n tokens this step: n gaps of this length
+                    self._itl.observe(gap)
+                    self._tpot.observe(gap)
             gen.last_token_v = end_v
             gen.num_emitted += n
             gen._notify()
@@ -419,5 +371,5 @@ class WallClockEngine:
             gen.done = True
             gen.finish_reason = gen.stop_reason
             self._e2e.observe(end_v - gen.arrival_v)
-            self.metrics.request_finished(gen.stop_reason)
+            self._count_finished(gen.stop_reason)
             gen._notify()

@@ -789,61 +789,45 @@ class UpstreamPool:
             "warmup_probes": self.config.warmup_probes,
         }
 
-    def prometheus_lines(self) -> list[str]:
-        """Prometheus exposition lines of the pool's gauges and counters."""
+    def metric_series(self) -> dict[str, Callable[[], list[tuple[tuple[str, ...], float]]]]:
+        """Scrape-time readers of the pool's metrics (``GATEWAY_POOL`` in
+        :mod:`headway.metrics_catalog`), by name: ``(label values, value)`` per series."""
         states: Sequence[UpstreamStateName] = (
             "warming", "ready", "busy", "excluded", "unreachable", "draining",
         )  # fmt: skip
-        lines = [
-            "# HELP headway_gateway_upstream_ready 1 if the upstream takes new requests.",
-            "# TYPE headway_gateway_upstream_ready gauge",
-        ]
-        labels = {u.url: _labels(upstream=u.url, revision=u.revision or "") for u in self.upstreams}
-        lines += [
-            f"headway_gateway_upstream_ready{labels[u.url]} {int(u._routable)}"
-            for u in self.upstreams
-        ]
-        lines += [
-            "# HELP headway_gateway_upstream_state 1 for the upstream's current state.",
-            "# TYPE headway_gateway_upstream_state gauge",
-        ]
-        for u in self.upstreams:
-            lines += [
-                f"headway_gateway_upstream_state{_labels(upstream=u.url, state=s)} "
-                f"{int(u.state == s)}"
-                for s in states
+
+        def per_upstream(
+            read: Callable[[Upstream], float | None],
+        ) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+            def series() -> list[tuple[tuple[str, ...], float]]:
+                found = [((u.url, u.revision or ""), read(u)) for u in self.upstreams]
+                return [(labels, float(v)) for labels, v in found if v is not None]
+
+            return series
+
+        def state() -> list[tuple[tuple[str, ...], float]]:
+            return [((u.url, s), float(u.state == s)) for u in self.upstreams for s in states]
+
+        def probes() -> list[tuple[tuple[str, ...], float]]:
+            return [
+                ((u.url, outcome), float(n))
+                for u in self.upstreams
+                for outcome, n in u.probe_counts.items()
             ]
-        lines += [
-            "# HELP headway_gateway_upstream_probes_total Readiness probes by verdict.",
-            "# TYPE headway_gateway_upstream_probes_total counter",
-        ]
-        for u in self.upstreams:
-            lines += [
-                f"headway_gateway_upstream_probes_total{_labels(upstream=u.url, outcome=o)} {n}"
-                for o, n in u.probe_counts.items()
-            ]
-        gauges: tuple[tuple[str, str, Callable[[Upstream], float | None]], ...] = (
-            ("inflight_requests", "Requests the gateway has in flight on it.",
-             lambda u: u.inflight_requests),
-            ("running_requests", "vllm:num_requests_running at the last scrape.",
-             lambda u: u.running_requests),
-            ("waiting_requests", "vllm:num_requests_waiting at the last scrape.",
-             lambda u: u.waiting_requests),
-            ("kv_usage_ratio", "vllm:kv_cache_usage_perc at the last scrape (0-1).",
-             lambda u: u.kv_usage_fraction),
-            ("probe_latency_seconds", "Latency of the last readiness probe.",
-             lambda u: None if u.last_probe is None else u.last_probe.latency_s),
-        )  # fmt: skip
-        for name, help_text, read in gauges:
-            lines += [
-                f"# HELP headway_gateway_upstream_{name} {help_text}",
-                f"# TYPE headway_gateway_upstream_{name} gauge",
-            ]
-            for u in self.upstreams:
-                value = read(u)
-                if value is not None:
-                    lines.append(f"headway_gateway_upstream_{name}{labels[u.url]} {value:g}")
-        return lines
+
+        prefix = "headway_gateway_upstream_"
+        return {
+            f"{prefix}ready": per_upstream(lambda u: float(u._routable)),
+            f"{prefix}state": state,
+            f"{prefix}probes_total": probes,
+            f"{prefix}inflight_requests": per_upstream(lambda u: u.inflight_requests),
+            f"{prefix}running_requests": per_upstream(lambda u: u.running_requests),
+            f"{prefix}waiting_requests": per_upstream(lambda u: u.waiting_requests),
+            f"{prefix}kv_usage_ratio": per_upstream(lambda u: u.kv_usage_fraction),
+            f"{prefix}probe_latency_seconds": per_upstream(
+                lambda u: None if u.last_probe is None else u.last_probe.latency_s
+            ),
+        }
 
     # ----------------------------------------------------------------- background
 
@@ -952,11 +936,3 @@ class UpstreamPool:
             else:
                 u._apply_metrics(metrics, time.monotonic())
             await asyncio.sleep(cfg.metrics_interval_s)
-
-
-def _labels(**labels: str) -> str:
-    inner = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in labels.items()
-    )
-    return "{" + inner + "}"

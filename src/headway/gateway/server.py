@@ -58,12 +58,13 @@ from headway.gateway.guards import (
     salted_body,
     too_large_response,
 )
-from headway.gateway.metrics import TTFT_BUCKETS_S, Registry
 from headway.gateway.openapi import openapi_document
 from headway.gateway.ops import AccessLog, RequestRecord, finish, next_request_id, tracer
 from headway.gateway.pooled import PoolSource
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
 from headway.http_errors import deadline_exceeded, error_body
+from headway.metrics_catalog import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from headway.metrics_catalog import Metrics, gateway_specs
 
 if TYPE_CHECKING:
     from headway.gateway.shared import SharedBudgets
@@ -297,89 +298,29 @@ class GatewayServer:
     # -- metrics ---------------------------------------------------------------------------
 
     def _setup_metrics(self) -> None:
-        reg = self.metrics = Registry()
-        self.m_offered = reg.counter(
-            "headway_gateway_requests_offered_total", "Requests offered, by tenant.", ["tenant"]
+        """This gateway's registry (:mod:`headway.metrics_catalog`) and its readers."""
+        shared = self.shared
+        metrics = self.metrics = Metrics(
+            gateway_specs(pool=self.pool is not None, shared_budgets=shared is not None)
         )
-        self.m_admitted = reg.counter(
-            "headway_gateway_admissions_total",
-            "Requests admitted at once (admit) or queued (enqueue), by band.",
-            ["decision", "band"],
-        )
-        self.m_shed = reg.counter(
-            "headway_gateway_sheds_total", "Requests refused, by reason and status.",
-            ["reason", "status"],
-        )  # fmt: skip
-        self.m_retry_after = reg.counter(
-            "headway_gateway_retry_after_issued_total", "Refusals that carried a Retry-After."
-        )
-        self.m_retry_after_s = reg.counter(
-            "headway_gateway_retry_after_seconds_total", "Sum of the Retry-After values issued."
-        )
-        self.m_cancelled = reg.counter(
-            "headway_gateway_cancellations_total",
-            "Client disconnects, by stage (queued, in_flight) and mode.",
-            ["stage", "mode"],
-        )
-        self.m_failed = reg.counter(
-            "headway_gateway_requests_failed_total",
-            "Admitted requests that ended failed (an upstream error, a stream cut short), by "
-            "tenant: offered = completed + sheds + cancellations + deadline cancels + failed "
-            "+ in flight.",
-            ["tenant"],
-        )
-        self.m_deadline_cancels = reg.counter(
-            "headway_gateway_deadline_cancels_total",
-            "Requests whose deadline passed in flight: cancelled upstream (the engine frees "
-            "their sequence), by mode.",
-            ["mode"],
-        )
-        self.m_retries = reg.counter(
-            "headway_gateway_upstream_retries_total", "Attempts moved to another upstream."
-        )
-        self.m_fallbacks = reg.counter(
-            "headway_gateway_fallbacks_total",
-            "Calls sent to a fallback route, by the route asked for and the one used.",
-            ["route", "fallback"],
-        )
-        self.m_upstream_errors = reg.counter(
-            "headway_gateway_upstream_errors_total", "Failed upstream attempts.", ["upstream"]
-        )
-        self.m_completed = reg.counter(
-            "headway_gateway_completed_total", "Requests answered 2xx by an upstream, by tenant.",
-            ["tenant"],
-        )  # fmt: skip
-        self.m_good = reg.counter(
-            "headway_gateway_goodput_requests_total",
-            "Completed requests that met their deadline (or had none), by tenant.",
-            ["tenant"],
-        )
-        self.m_tokens = reg.counter(
-            "headway_gateway_completion_tokens_total",
-            "Completion tokens of completed requests (from usage when sent).",
-            ["tenant"],
-        )
-        self.m_client_errors = reg.counter(
-            "headway_gateway_client_errors_total", "Requests refused as malformed, by status.",
-            ["status"],
-        )  # fmt: skip
-        self.m_ttft = reg.histogram(
-            "headway_gateway_upstream_ttft_seconds",
-            "Upstream time to first byte of the answer (streaming: first SSE event), seconds.",
-            TTFT_BUCKETS_S,
-            ["upstream"],
-        )
-        self.m_queue_wait = reg.histogram(
-            "headway_gateway_queue_wait_seconds",
-            "Time from arrival to dispatch of a dispatched request, by tenant (0 when a slot "
-            "was free at once).",
-            TTFT_BUCKETS_S,
-            ["tenant"],
-        )
+        self.m_offered = metrics.counter_series("headway_gateway_requests_offered_total")
+        self.m_admitted = metrics.counter_series("headway_gateway_admissions_total")
+        self.m_shed = metrics.counter_series("headway_gateway_sheds_total")
+        self.m_retry_after = metrics.counter("headway_gateway_retry_after_issued_total")
+        self.m_retry_after_s = metrics.counter("headway_gateway_retry_after_seconds_total")
+        self.m_cancelled = metrics.counter_series("headway_gateway_cancellations_total")
+        self.m_failed = metrics.counter_series("headway_gateway_requests_failed_total")
+        self.m_deadline_cancels = metrics.counter_series("headway_gateway_deadline_cancels_total")
+        self.m_retries = metrics.counter("headway_gateway_upstream_retries_total")
+        self.m_fallbacks = metrics.counter_series("headway_gateway_fallbacks_total")
+        self.m_upstream_errors = metrics.counter_series("headway_gateway_upstream_errors_total")
+        self.m_completed = metrics.counter_series("headway_gateway_completed_total")
+        self.m_good = metrics.counter_series("headway_gateway_goodput_requests_total")
+        self.m_tokens = metrics.counter_series("headway_gateway_completion_tokens_total")
+        self.m_client_errors = metrics.counter_series("headway_gateway_client_errors_total")
+        self.m_ttft = metrics.histogram_series("headway_gateway_upstream_ttft_seconds")
+        self.m_queue_wait = metrics.histogram_series("headway_gateway_queue_wait_seconds")
         ctl = self.controller
-
-        def dispatched() -> list[tuple[tuple[str, ...], float]]:
-            return [((t,), float(n)) for t, n in ctl.dispatched_by.items()]
 
         def depth_band() -> list[tuple[tuple[str, ...], float]]:
             bands, _ = ctl.queued_by(ctl.now())
@@ -389,47 +330,38 @@ class GatewayServer:
             _, tenants = ctl.queued_by(ctl.now())
             return [((t,), float(n)) for t, n in tenants.items()]
 
-        def budget() -> list[tuple[tuple[str, ...], float]]:
+        def budget_left() -> float:
             _, retries, allowed = ctl.retries.budget(ctl.now())
-            return [((), max(allowed - retries, 0.0))]
+            return max(allowed - retries, 0.0)
 
-        def running() -> list[tuple[tuple[str, ...], float]]:
+        def outstanding() -> list[tuple[tuple[str, ...], float]]:
             return [((u.url,), float(u.outstanding_requests)) for u in ctl.source.upstreams()]
 
         def ready() -> list[tuple[tuple[str, ...], float]]:
             now = ctl.now()
             return [((u.url,), float(u.ready_at(now))) for u in ctl.source.upstreams()]
 
-        reg.gauge("headway_gateway_queue_depth_requests", "Requests waiting, by band.",
-                  ["band"], depth_band)  # fmt: skip
-        reg.gauge("headway_gateway_tenant_queue_depth_requests", "Requests waiting, by tenant.",
-                  ["tenant"], depth_tenant)  # fmt: skip
-        reg.gauge("headway_gateway_tenant_dispatched_requests",
-                  "Requests holding a dispatch slot, by tenant (capped by its slot share "
-                  "while others are active).", ["tenant"], dispatched)  # fmt: skip
-        reg.gauge("headway_gateway_slot_share_holds", "Requests that admission would have "
-                  "dispatched at once, queued because their tenant held its slot share "
-                  "(a counter).", [],
-                  lambda: [((), float(ctl.capped))])  # fmt: skip
-        reg.gauge("headway_gateway_retry_budget_left", "Retries the budget still allows now.",
-                  [], budget)  # fmt: skip
-        reg.gauge("headway_gateway_tpot_seconds", "Time per output token the deadline "
-                  "estimate uses (the prior, refined by measured answers).", [],
-                  lambda: [((), ctl.tpot_s() or 0.0)])  # fmt: skip
-        reg.gauge("headway_gateway_upstream_outstanding_requests",
-                  "Requests dispatched to each upstream.", ["upstream"], running)  # fmt: skip
-        if self.pool is None:  # the pool renders its own, richer gauge of that name
-            reg.gauge("headway_gateway_upstream_ready", "1 while an upstream is routable.",
-                      ["upstream"], ready)  # fmt: skip
-        shared = self.shared
+        read, value = metrics.read, metrics.read_value
+        read("headway_gateway_queue_depth_requests", depth_band)
+        read("headway_gateway_tenant_queue_depth_requests", depth_tenant)
+        read("headway_gateway_tenant_dispatched_requests",
+             lambda: [((t,), float(n)) for t, n in ctl.dispatched_by.items()])  # fmt: skip
+        value("headway_gateway_slot_share_holds", lambda: float(ctl.capped))
+        value("headway_gateway_retry_budget_left", budget_left)
+        value("headway_gateway_tpot_seconds", lambda: ctl.tpot_s() or 0.0)
+        read("headway_gateway_upstream_outstanding_requests", outstanding)
+        value("headway_gateway_tickets_outstanding",
+              lambda: float(ctl.admission.tickets_outstanding))  # fmt: skip
         if shared is not None:
-            reg.gauge("headway_gateway_shared_budgets_healthy",
-                      "1 while Redis answers; 0 while serving on local shares.", [],
-                      lambda: [((), 1.0 if shared.healthy else 0.0)])  # fmt: skip
-            reg.gauge("headway_gateway_shared_budgets_round_trips", "Redis round trips made.",
-                      [], lambda: [((), float(shared.round_trips))])  # fmt: skip
-        reg.gauge("headway_gateway_tickets_outstanding", "Retry tickets issued and not used.",
-                  [], lambda: [((), float(ctl.admission.tickets_outstanding))])  # fmt: skip
+            value("headway_gateway_shared_budgets_healthy",
+                  lambda: 1.0 if shared.healthy else 0.0)  # fmt: skip
+            value("headway_gateway_shared_budgets_round_trips",
+                  lambda: float(shared.round_trips))  # fmt: skip
+        if self.pool is None:
+            read("headway_gateway_upstream_ready", ready)
+        else:
+            for name, series in self.pool.pool.metric_series().items():
+                read(name, series)
 
     # -- request parsing -------------------------------------------------------------------
 
@@ -564,7 +496,7 @@ class GatewayServer:
         if shed.reason is ShedReason.TENANT_TOKEN_RATE and shed.retry_after_s is None:
             status = 400  # larger than the tenant's whole budget: no retry can pass
             meaning = "the request can never fit its tenant's token budget"
-        self.m_shed.inc(shed.reason.value, str(status))
+        self.m_shed(shed.reason.value, str(status)).inc()
         # Refused at arrival, or (queued) ended by its deadline in the line.
         event = Event.EXPIRE if record.state is State.QUEUED else Event.SHED
         record.state = advance(record.request_id, record.state, event)
@@ -576,7 +508,7 @@ class GatewayServer:
             headers["Retry-After"] = str(math.ceil(shed.retry_after_s))
             headers["x-headway-retry-after-ms"] = str(math.ceil(shed.retry_after_s * 1000))
             self.m_retry_after.inc()
-            self.m_retry_after_s.inc(amount=shed.retry_after_s)
+            self.m_retry_after_s.inc(shed.retry_after_s)
         if shed.ticket is not None:
             headers[TICKET_HEADER] = str(shed.ticket)
         return error_response(
@@ -614,12 +546,12 @@ class GatewayServer:
                 raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, length)
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:  # announced, chunked, or longer than announced
-            self.m_client_errors.inc("413")
+            self.m_client_errors("413").inc()
             return too_large_response()
         try:
             parsed = self._parse(request, raw, kind)
         except ClientError as error:
-            self.m_client_errors.inc(str(error.status))
+            self.m_client_errors(str(error.status)).inc()
             return error.response()
         if parsed.tenant is not None and self.config.tenant_cache_salt:
             if self.salts.configured != self.config.cache_salt_key:  # a reload changed it
@@ -627,7 +559,7 @@ class GatewayServer:
             parsed.raw = salted_body(raw, self.salts.salt(parsed.tenant_name))
         body = parsed.body
         ctl = self.controller
-        self.m_offered.inc(parsed.tenant_name)
+        self.m_offered(parsed.tenant_name).inc()
         record.tenant = parsed.tenant_name
         record.band = parsed.band
         record.model = body.model
@@ -655,7 +587,7 @@ class GatewayServer:
             if chosen != route:  # the core fallback policy allowed a substitute
                 parsed = dataclasses.replace(parsed, raw=_with_model(parsed.raw, chosen))
                 request[_ROUTE] = chosen
-                self.m_fallbacks.inc(route, chosen)
+                self.m_fallbacks(route, chosen).inc()
                 route = chosen
         got = ctl.offer(admission, revision=parsed.revision, route=route)
         if isinstance(got, Shed):
@@ -670,7 +602,7 @@ class GatewayServer:
         stage = "queued"
         try:
             if lease.upstream is None:
-                self.m_admitted.inc("enqueue", parsed.band)
+                self.m_admitted("enqueue", parsed.band).inc()
                 record.admission = "enqueue"
                 record.state = advance(record.request_id, record.state, Event.ENQUEUE)
                 queued_at = time.monotonic()
@@ -679,13 +611,14 @@ class GatewayServer:
                     return self._shed_response(outcome, record)
                 record.state = advance(record.request_id, record.state, Event.DISPATCH)
                 record.dispatched_s = time.monotonic()
-                self.m_queue_wait.observe(record.dispatched_s - queued_at, parsed.tenant_name)
+                waited_s = record.dispatched_s - queued_at
+                self.m_queue_wait(parsed.tenant_name).observe(waited_s)
             else:
-                self.m_admitted.inc("admit", parsed.band)
+                self.m_admitted("admit", parsed.band).inc()
                 record.admission = "admit"
                 record.state = advance(record.request_id, record.state, Event.ADMIT)
                 record.dispatched_s = time.monotonic()
-                self.m_queue_wait.observe(0.0, parsed.tenant_name)
+                self.m_queue_wait(parsed.tenant_name).observe(0.0)
             stage = "in_flight"
             deadline = None if parsed.deadline_s is None else Deadline(parsed.deadline_s)
             left_s = None if deadline is None else deadline.remaining_s(ctl.now())
@@ -698,7 +631,7 @@ class GatewayServer:
                 # Its deadline passed in flight: leaving the timeout closed the upstream
                 # call, so the engine aborts the sequence and frees its blocks (seed 003:
                 # "if deadline_expires: cancel scheduler state and release blocks").
-                self.m_deadline_cancels.inc("stream" if body.stream else "whole")
+                self.m_deadline_cancels("stream" if body.stream else "whole").inc()
                 record.deadline_cancelled = True
                 return await self._deadline_response(request)
             return response
@@ -706,7 +639,7 @@ class GatewayServer:
             if record.relayed:  # it left with the whole answer, before the closing chunk
                 completed, completion_tokens = True, record.tokens_out
             else:
-                self.m_cancelled.inc(stage, "stream" if body.stream else "whole")
+                self.m_cancelled(stage, "stream" if body.stream else "whole").inc()
                 record.cancelled = True
             raise
         finally:
@@ -732,14 +665,14 @@ class GatewayServer:
                     event = Event.DEADLINE
                 else:
                     event = Event.FAIL
-                    self.m_failed.inc(parsed.tenant_name)
+                    self.m_failed(parsed.tenant_name).inc()
                 record.state = advance(record.request_id, record.state, event)
             if completed:
-                self.m_completed.inc(parsed.tenant_name)
+                self.m_completed(parsed.tenant_name).inc()
                 if completion_tokens is not None:
-                    self.m_tokens.inc(parsed.tenant_name, amount=completion_tokens)
+                    self.m_tokens(parsed.tenant_name).inc(completion_tokens)
                 if parsed.deadline_s is None or ctl.now() <= parsed.deadline_s:
-                    self.m_good.inc(parsed.tenant_name)
+                    self.m_good(parsed.tenant_name).inc()
             ctl.end(lease, phase, output)
 
     async def _deadline_response(self, request: web.Request) -> web.StreamResponse:
@@ -805,7 +738,7 @@ class GatewayServer:
                     finally:
                         resp.close()
             lease.phase = Phase.UNSENT  # the engine failed it before any output
-            self.m_upstream_errors.inc(upstream.url)
+            self.m_upstream_errors(upstream.url).inc()
             if failure is FailureKind.CONNECT_ERROR:
                 upstream.eject(time.monotonic(), self.config.eject_s)
             decision = ctl.retries.next_attempt(
@@ -874,7 +807,7 @@ class GatewayServer:
             except (aiohttp.ClientError, OSError) as error:
                 raise _Unanswered from error
             record.first_byte_s = now = time.monotonic()
-            self.m_ttft.observe(now - started, upstream.url)
+            self.m_ttft(upstream.url).observe(now - started)
             if kept is not None:
                 kept.append(data)
             if not ok:
@@ -902,7 +835,7 @@ class GatewayServer:
             async for chunk in resp.content.iter_any():
                 if first:
                     record.first_byte_s = now = time.monotonic()
-                    self.m_ttft.observe(now - started, upstream.url)
+                    self.m_ttft(upstream.url).observe(now - started)
                     first = False
                     lease.phase = Phase.DECODE
                 lease.output_events += chunk.count(b"data:")  # about one token each
@@ -921,14 +854,14 @@ class GatewayServer:
             await out.write_eof()
         except ConnectionResetError:  # the client went away between two events
             if not record.relayed:
-                self.m_cancelled.inc("in_flight", "stream")
+                self.m_cancelled("in_flight", "stream").inc()
                 record.cancelled = True
                 return out, None, False
         except (aiohttp.ClientError, OSError) as error:
             # The upstream failed mid-stream: the client has part of an answer, so no
             # retry (it would duplicate it); its connection ends without [DONE].
             log.warning("upstream %s failed mid-stream: %s", upstream.url, error)
-            self.m_upstream_errors.inc(upstream.url)
+            self.m_upstream_errors(upstream.url).inc()
             return out, None, False
         tokens = record.tokens_out
         if tokens is not None and record.first_byte_s is not None:
@@ -994,10 +927,9 @@ class GatewayServer:
                     401, "wrong or missing metrics token: send `Authorization: Bearer "
                     "METRICS_TOKEN` (or the admin token)", code="invalid_api_key",
                 )  # fmt: skip
-        text = self.metrics.render()
-        if self.pool is not None:
-            text += "\n".join(self.pool.pool.prometheus_lines()) + "\n"
-        return web.Response(text=text, content_type="text/plain")
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
 
     # -- admin -----------------------------------------------------------------------------
 

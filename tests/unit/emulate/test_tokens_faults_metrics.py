@@ -1,4 +1,4 @@
-"""Deterministic output tokens, fault knobs and the Prometheus text."""
+"""Deterministic output tokens and fault knobs (the Prometheus text: test_metrics_catalog)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from headway.core.errors import ConfigError
 from headway.emulate.faults import FaultState, FaultUpdate, parse_fault_flag
-from headway.emulate.metrics import MetricsRegistry
 from headway.emulate.tokens import OutputTokens, fingerprint
 
 
@@ -48,19 +47,3 @@ def test_fault_state_applies_durations_from_now() -> None:
     assert state.stalled_until == math.inf and state.view(103.0)["stall"] is True
     state.apply(FaultUpdate(stall=False), now=104.0)
     assert not state.is_stalled(104.0)
-
-
-def test_metrics_text_has_vllm_names_and_cumulative_buckets() -> None:
-    m = MetricsRegistry("llama")
-    h = m.histogram("vllm:time_to_first_token_seconds", "TTFT.", (0.1, 1.0))
-    h.observe(0.05)
-    h.observe(0.5, weight=2)
-    m.gauge("vllm:num_requests_running", "Running.", lambda: 3.0)
-    m.request_finished("length")
-    text = m.render()
-    assert 'vllm:num_requests_running{model_name="llama"} 3' in text
-    assert 'vllm:time_to_first_token_seconds_bucket{model_name="llama",le="0.1"} 1' in text
-    assert 'vllm:time_to_first_token_seconds_bucket{model_name="llama",le="1.0"} 3' in text
-    assert 'vllm:time_to_first_token_seconds_count{model_name="llama"} 3' in text
-    assert 'vllm:request_success_total{model_name="llama",finished_reason="length"} 1' in text
-    assert "# TYPE vllm:time_to_first_token_seconds histogram" in text

@@ -10,12 +10,16 @@ from headway.core.engine.replica import ReplicaModel
 from headway.core.engine.scheduler import EngineRequest, SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime
 from headway.emulate.faults import FaultState
-from headway.emulate.metrics import MetricsRegistry
 from headway.emulate.wallclock import Generation, WallClockEngine
+from headway.metrics_catalog import EMULATOR, Metrics
 
 STEP = AffineStepTime(overhead_s=0.004, per_prefill_token_s=1e-5, per_decode_seq_s=1e-4)
 CONFIG = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256)
 SHAPES = [(300, 7), (40, 12), (90, 3), (500, 9), (20, 15), (60, 5)]  # (prompt, output)
+
+
+def _metrics() -> Metrics:
+    return Metrics(EMULATOR, fixed={"model_name": "m"})
 
 
 def _replica() -> ReplicaModel:
@@ -46,7 +50,10 @@ def _direct(arrivals: list[float]) -> dict[int, tuple[float, float]]:
 
 async def _emulated() -> tuple[list[float], dict[int, tuple[float, float]], list[Generation]]:
     engine = WallClockEngine(
-        _replica(), speedup=200.0, faults=FaultState(), metrics=MetricsRegistry("m")
+        _replica(),
+        speedup=200.0,
+        faults=FaultState(),
+        metrics=_metrics(),
     )
     task = asyncio.create_task(engine.run())
     gens = []
@@ -75,7 +82,7 @@ def test_emulator_timeline_equals_direct_stepping() -> None:
 
 def test_abort_frees_the_request_and_counts_it() -> None:
     async def scenario() -> tuple[int, str, float]:
-        metrics = MetricsRegistry("m")
+        metrics = _metrics()
         engine = WallClockEngine(_replica(), speedup=1.0, faults=FaultState(), metrics=metrics)
         task = asyncio.create_task(engine.run())
         gen = engine.submit(200, 300)  # 300 steps of >= 4 ms: it cannot finish first
@@ -85,7 +92,8 @@ def test_abort_frees_the_request_and_counts_it() -> None:
         running = engine.replica.num_running + engine.replica.num_waiting
         task.cancel()
         engine.close()
-        return running, gen.finish_reason, metrics.finished["abort"].value
+        aborted = metrics.sample("vllm:request_success_total", finished_reason="abort")
+        return running, gen.finish_reason, aborted
 
     running, reason, aborted = asyncio.run(scenario())
     assert (running, reason, aborted) == (0, "abort", 1)
@@ -93,7 +101,10 @@ def test_abort_frees_the_request_and_counts_it() -> None:
 
 def test_submit_rejects_what_can_never_fit() -> None:
     engine = WallClockEngine(
-        _replica(), speedup=1.0, faults=FaultState(), metrics=MetricsRegistry("m")
+        _replica(),
+        speedup=1.0,
+        faults=FaultState(),
+        metrics=_metrics(),
     )
     with pytest.raises(ValueError, match="max_model_len"):
         engine.submit(engine.max_model_len, 1)

@@ -16,7 +16,6 @@ from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.gateway.config import parse_config
 from headway.gateway.control import Controller, Lease, speed_prior
-from headway.gateway.metrics import Registry
 from headway.gateway.server import _stream_usage, status_for
 
 
@@ -75,19 +74,6 @@ def test_stream_usage_reads_the_last_event() -> None:
     )
     assert _stream_usage(tail) == 7
     assert _stream_usage(b'data: {"choices":[]}\n\ndata: [DONE]\n\n') is None
-
-
-def test_metrics_render_prometheus_text() -> None:
-    reg = Registry()
-    c = reg.counter("x_total", "X.", ["reason"])
-    c.inc("a")
-    c.inc("a", amount=2)
-    h = reg.histogram("t_seconds", "T.", (0.1, 1.0), ["up"])
-    h.observe(0.5, "u")
-    text = reg.render()
-    assert 'x_total{reason="a"} 3' in text
-    assert 't_seconds_bucket{up="u",le="1"} 1' in text
-    assert 't_seconds_count{up="u"} 1' in text
 
 
 def _request(tenant: str = "a", **extra: Any) -> AdmissionRequest:

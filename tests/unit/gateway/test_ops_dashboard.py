@@ -30,7 +30,7 @@ def _exposed() -> set[str]:
     )
     server = GatewayServer(config, redis_url="redis://127.0.0.1:1")  # not started
     assert server.pool is not None
-    text = server.metrics.render() + "\n".join(server.pool.pool.prometheus_lines())
+    text = server.metrics.render().decode()
     names: set[str] = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):

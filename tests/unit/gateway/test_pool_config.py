@@ -278,4 +278,5 @@ def test_drain_and_undrain_without_network() -> None:
     snap = pool.state()
     assert snap["upstreams"][0]["inflight_requests"] == 1
     assert json.loads(json.dumps(snap)) == snap
-    assert any('state="warming"} 1' in line for line in pool.prometheus_lines())
+    states = pool.metric_series()["headway_gateway_upstream_state"]()
+    assert ((URL, "warming"), 1.0) in states and ((URL, "ready"), 0.0) in states

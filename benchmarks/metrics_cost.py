@@ -5,7 +5,10 @@ benchmark shows it costs more than 20 µs per request").
 The old registries (``headway/gateway/metrics.py``, ``headway/emulate/metrics.py``) are
 taken from ``--old`` with ``git archive`` into a temporary folder and loaded from there
 by path (they import nothing of headway's); the new one is this checkout's
-``headway.metrics_catalog``. Each side does the updates the servers do:
+``headway.metrics_catalog`` (prometheus_client, but for the two histograms observed per
+generated token, ITL and TPOT, which it counts by hand: ``TokenHistogram``; on
+prometheus_client they took a 16-token request to 24 µs). Each side does the updates the
+servers do:
 
 - gateway, per request: what a non-streamed answer that met its deadline counts
   (offered, admitted, queue wait, upstream TTFT, completed, completion tokens, goodput),
@@ -18,7 +21,8 @@ by path (they import nothing of headway's); the new one is this checkout's
 Sides alternate (old, new, then new, old, ...) ``--repeats`` times; each timing is the
 median of those repeats. Prints each repeat, then one line of JSON:
 ``metrics_us_per_request`` (new, gateway), ``old_metrics_us_per_request``, ``ratio``
-(new / old), the same for the emulator, and ``target_us`` (20).
+(new / old), the same for the emulator, ``target_us`` (20) and ``within_target`` (both
+within it).
 
     python benchmarks/metrics_cost.py --old 711bef5 [--repeats 7] [--requests 20000]
 """
@@ -142,10 +146,11 @@ def _emulator_new() -> dict[str, Any]:
     found: dict[str, Any] = {k: m.counter(v) for k, v in names.items()}
     for key, name in (
         ("queue", "vllm:request_queue_time_seconds"), ("ttft", "vllm:time_to_first_token_seconds"),
-        ("itl", "vllm:inter_token_latency_seconds"), ("tpot", "vllm:time_per_output_token_seconds"),
         ("e2e", "vllm:e2e_request_latency_seconds"), ("lag", "headway_emulator_step_lag_seconds"),
     ):  # fmt: skip
         found[key] = m.histogram(name)
+    found["itl"] = m.token_histogram("vllm:inter_token_latency_seconds")
+    found["tpot"] = m.token_histogram("vllm:time_per_output_token_seconds")
     found["finished"] = {
         r: m.counter("vllm:request_success_total", finished_reason=r) for r in FINISHED_REASONS
     }
@@ -274,7 +279,7 @@ def main() -> int:
         "emulator_metrics_us_per_step": round(med["new"]["emulator_step"], 3),
         "old_emulator_metrics_us_per_step": round(med["old"]["emulator_step"], 3),
         "target_us": TARGET_US,
-        "within_target": med["new"]["gateway"] <= TARGET_US,
+        "within_target": max(med["new"]["gateway"], med["new"]["emulator"]) <= TARGET_US,
     }
     print(json.dumps(result))
     return 0

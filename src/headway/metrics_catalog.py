@@ -13,6 +13,7 @@ counts); the others are updated in place by the request path.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
@@ -22,9 +23,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 __all__ = [
     "CONTENT_TYPE",
@@ -37,6 +40,7 @@ __all__ = [
     "MetricSpec",
     "Metrics",
     "Series",
+    "TokenHistogram",
 ]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -61,6 +65,12 @@ class MetricSpec:
     """A histogram's upper bounds (``+Inf`` is added)."""
     read_at_scrape: bool = False
     """Its series are read from a function at each scrape instead of updated in place."""
+    per_token: bool = False
+    """A histogram observed for every generated token: counted by hand, with weighted
+    observations (:class:`TokenHistogram`). ``benchmarks/metrics_cost.py`` measured
+    ``prometheus_client``'s ``observe`` at about 0.7 µs a call, so its two per-token
+    histograms alone took a 16-token emulator request to 24 µs of metrics, past the
+    20 µs the project allows before hand-writing one."""
 
     def __post_init__(self) -> None:
         if (self.kind == "counter") != self.name.endswith("_total"):
@@ -69,6 +79,8 @@ class MetricSpec:
             raise ValueError(f"{self.name}: histograms, and only histograms, have buckets")
         if self.kind == "histogram" and self.read_at_scrape:
             raise ValueError(f"{self.name}: a histogram cannot be read at scrape time")
+        if self.per_token and self.kind != "histogram":
+            raise ValueError(f"{self.name}: only a histogram is counted per token")
 
 
 def _counter(name: str, help_text: str, *labels: str, read: bool = False) -> MetricSpec:
@@ -81,6 +93,12 @@ def _gauge(name: str, help_text: str, *labels: str) -> MetricSpec:
 
 def _histogram(name: str, help_text: str, buckets_s: Sequence[float], *labels: str) -> MetricSpec:
     return MetricSpec(name, "histogram", help_text, labels, tuple(buckets_s))
+
+
+def _token_histogram(
+    name: str, help_text: str, buckets_s: Sequence[float], *labels: str
+) -> MetricSpec:
+    return MetricSpec(name, "histogram", help_text, labels, tuple(buckets_s), per_token=True)
 
 
 # -- the emulator (vLLM's names) -------------------------------------------------------------
@@ -144,11 +162,11 @@ EMULATOR: tuple[MetricSpec, ...] = (
              _M, "finished_reason"),
     _histogram("vllm:time_to_first_token_seconds",
                "Histogram of time to first token in seconds.", VLLM_TTFT_BUCKETS_S, _M),
-    _histogram("vllm:inter_token_latency_seconds",
-               "Histogram of inter-token latency in seconds.", VLLM_ITL_BUCKETS_S, _M),
-    _histogram("vllm:time_per_output_token_seconds",
-               "Histogram of time per output token in seconds (as ITL).", VLLM_ITL_BUCKETS_S,
-               _M),
+    _token_histogram("vllm:inter_token_latency_seconds",
+                     "Histogram of inter-token latency in seconds.", VLLM_ITL_BUCKETS_S, _M),
+    _token_histogram("vllm:time_per_output_token_seconds",
+                     "Histogram of time per output token in seconds (as ITL).",
+                     VLLM_ITL_BUCKETS_S, _M),
     _histogram("vllm:e2e_request_latency_seconds",
                "Histogram of end-to-end request latency in seconds.", VLLM_REQUEST_BUCKETS_S,
                _M),
@@ -317,6 +335,39 @@ class _ReadAtScrape(Collector):
         return [family]
 
 
+class TokenHistogram(Collector):
+    """A histogram of fixed labels counted by hand, observations weighted (``observe(value,
+    count)``: ``count`` tokens with the same gap in one call), exposed as
+    ``prometheus_client`` writes a histogram (cumulative ``le`` buckets, ``+Inf``, count,
+    sum)."""
+
+    def __init__(self, spec: MetricSpec, label_values: tuple[str, ...]) -> None:
+        self.spec = spec
+        self.label_values = label_values
+        self._bounds = list(spec.buckets_s)
+        self._les = [floatToGoString(b) for b in spec.buckets_s] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self.counts = [0] * (len(self._bounds) + 1)
+        """Observations per bucket, not cumulative (the last: above every bound)."""
+        self.sum = 0.0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        """``count`` observations of ``value``."""
+        self.counts[bisect_left(self._bounds, value)] += count
+        self.sum += value * count
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
+        buckets, total = [], 0
+        for le, n in zip(self._les, self.counts, strict=True):
+            total += n
+            buckets.append((le, float(total)))
+        family.add_metric(list(self.label_values), buckets, self.sum)
+        return [family]
+
+
 class _WithoutCreated(Collector):
     """The registry's families without ``*_created`` series (prometheus_client adds one to
     each counter and histogram; neither vLLM's scrapers nor ours read them, and they would
@@ -370,8 +421,17 @@ class Metrics:
         self._updated: dict[str, Counter | Histogram] = {}
         self._labels: dict[str, tuple[str, ...]] = {}
         self._read: dict[str, _ReadAtScrape] = {}
+        self._tokens: dict[str, TokenHistogram] = {}
         self._exposition = _WithoutCreated(self.registry)
         for spec in self.specs:
+            if spec.per_token:
+                if not set(spec.labels) <= set(self.fixed):
+                    raise ValueError(f"{spec.name}: a per-token histogram has fixed labels only")
+                values = tuple(self.fixed[k] for k in spec.labels)
+                self._tokens[spec.name] = TokenHistogram(spec, values)
+                self.registry.register(self._tokens[spec.name])
+                self._labels[spec.name] = spec.labels
+                continue
             if spec.read_at_scrape:
                 collector = self._read[spec.name] = _ReadAtScrape(spec, self.fixed)
                 self.registry.register(collector)
@@ -412,6 +472,10 @@ class Metrics:
             raise TypeError(f"{name} is not a histogram")
         return metric
 
+    def token_histogram(self, name: str) -> TokenHistogram:
+        """The declared per-token histogram ``name`` (its one series)."""
+        return self._tokens[name]
+
     def counter_series(self, name: str) -> Labelled[Counter]:
         """The declared labelled counter ``name``, its series looked up by label values."""
         return Labelled(self.counter(name))
@@ -436,7 +500,9 @@ class Metrics:
         """The current value of the sample ``name`` (a histogram's ``*_count``, ...) with
         ``label_values`` and the fixed labels it has; None when there is none."""
         for family in {name, *(name.removesuffix(s) for s in ("_bucket", "_count", "_sum"))}:
-            collector = self._updated.get(family) or self._read.get(family)
+            collector = (
+                self._updated.get(family) or self._read.get(family) or self._tokens.get(family)
+            )
             if collector is None:
                 continue
             labels = self._labels[family]

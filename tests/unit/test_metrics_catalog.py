@@ -152,3 +152,36 @@ def test_labels_are_given_all_or_none() -> None:
         metrics.counter("vllm:request_success_total", engine="0")
     with pytest.raises(TypeError, match="not a histogram"):
         metrics.histogram("vllm:prompt_tokens_total")
+
+
+def test_a_per_token_histogram_reads_as_prometheus_clients_own() -> None:
+    """ITL and TPOT are counted by hand (weighted observations, one per gap in a step);
+    their samples are what prometheus_client gives for the same observations."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    name = "vllm:inter_token_latency_seconds"
+    spec = next(s for s in EMULATOR if s.name == name)
+    assert spec.per_token
+    metrics = Metrics(EMULATOR, fixed={"model_name": "m"})
+    reference = Histogram(
+        name, spec.help, spec.labels, registry=CollectorRegistry(), buckets=spec.buckets_s
+    )
+    ours = metrics.token_histogram(name)
+    for gap_s, tokens in ((0.01, 3), (0.0249, 1), (0.3, 7), (0.31, 2), (100.0, 1)):
+        ours.observe(gap_s, tokens)
+        for _ in range(tokens):
+            reference.labels(model_name="m").observe(gap_s)
+
+    def samples(collector: object) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return sorted(
+            (s.name, tuple(sorted(s.labels.items())), s.value)
+            for family in collector.collect()  # type: ignore[attr-defined]
+            for s in family.samples
+            if not s.name.endswith("_created")
+        )
+
+    got, want = samples(ours), samples(reference)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert [g[2] for g in got] == pytest.approx([w[2] for w in want])
+    assert metrics.sample(f"{name}_count", model_name="m") == 14
+    assert metrics.sample(f"{name}_bucket", model_name="m", le="0.3") == 11

@@ -153,8 +153,8 @@ class WallClockEngine:
             r: m.counter("vllm:request_success_total", finished_reason=r) for r in FINISHED_REASONS
         }
         self._ttft = m.histogram("vllm:time_to_first_token_seconds")
-        self._itl = m.histogram("vllm:inter_token_latency_seconds")
-        self._tpot = m.histogram("vllm:time_per_output_token_seconds")
+        self._itl = m.token_histogram("vllm:inter_token_latency_seconds")
+        self._tpot = m.token_histogram("vllm:time_per_output_token_seconds")
         self._e2e = m.histogram("vllm:e2e_request_latency_seconds")
         self._queue = m.histogram("vllm:request_queue_time_seconds")
         self._lag = m.histogram("headway_emulator_step_lag_seconds")
@@ -347,6 +347,7 @@ class WallClockEngine:
                 gen.scheduled_v = result.start_s
                 self._queue.observe(result.start_s - gen.arrival_v)
         emitted = 0
+        gaps: dict[float, int] = {}  # tokens per gap: one weighted observation each
         for rid, n in result.tokens.items():
             gen = live.get(rid)
             if gen is None:
@@ -356,13 +357,14 @@ class WallClockEngine:
                 gen.first_token_v = end_v
                 self._ttft.observe(end_v - gen.arrival_v)
             else:
-                gap = end_v - gen.last_token_v
-                for _ in range(n):  # n tokens this step: n gaps of this length
-                    self._itl.observe(gap)
-                    self._tpot.observe(gap)
+                gap = end_v - gen.last_token_v  # n tokens this step: n gaps of this length
+                gaps[gap] = gaps.get(gap, 0) + n
             gen.last_token_v = end_v
             gen.num_emitted += n
             gen._notify()
+        for gap, n in gaps.items():
+            self._itl.observe(gap, n)
+            self._tpot.observe(gap, n)
         self._generation_tokens.inc(emitted)
         for rid in result.finished_ids:
             gen = live.pop(rid, None)

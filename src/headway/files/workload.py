@@ -86,10 +86,7 @@ def explain_validation_error(
         hint = "Fix the value's type (numbers without quotes; see docs/workload.md)."
         value = _value_at(path, data)
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            hint = (
-                f"YAML 1.1 reads {value!r} as text: write the exponent with a dot and a sign, "
-                "e.g. 1.0e+12."
-            )
+            hint = f"{value!r} is text here (quoted?): write the number without quotes"
     text = _one_line(f"{source}: {path}: {message}" + (f". {hint}" if hint else ""))
     return WorkloadError(text, path=path)
 
@@ -263,7 +260,10 @@ MAX_YAML_EXPANDED_NODES = 1_000_000
 
 class _SafeLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` whose unreadable scalars (``!!int ''``, ``2023-13-45``, an
-    integer of 5000 digits) fail as YAML errors that name the line, not as ``ValueError``."""
+    integer of 5000 digits) fail as YAML errors that name the line, not as ``ValueError``,
+    and that reads YAML 1.2's floats too: PyYAML follows YAML 1.1, where ``1e8``,
+    ``1.0e8`` and ``2.5E-3`` (no dot, or no sign in the exponent) are text, so a number
+    written the way every other tool writes it was refused as "not a number"."""
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
@@ -273,6 +273,12 @@ class _SafeLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, f"{shown} ({node.tag}) cannot be read ({error})", node.start_mark
             ) from None
+
+
+_YAML12_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+"""YAML 1.2 floats with an exponent that YAML 1.1's pattern misses (those with a dot and a
+signed exponent, and those without an exponent, it reads already)."""
+_SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
 
 
 def _check_node_graph(root: yaml.Node, path: Path) -> None:

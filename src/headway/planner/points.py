@@ -101,6 +101,8 @@ class Replay(msgspec.Struct, frozen=True, kw_only=True):
     tails: list[Tail]
     shed_calls: int
     amplification: float
+    wasted_fraction: float = 0.0
+    """Of the tokens the engines processed, the share no answer came of."""
     little: list[Little] = msgspec.field(default_factory=list)
     """Little's law at every boundary of the run (the instrumentation's own check)."""
 
@@ -207,4 +209,5 @@ def run_replay(task: PointTask, traces: Mapping[str, TraceData] | None = None) -
         shed_calls=r.accounting.shed,
         amplification=r.accounting.amplification,
         little=r.little_boundaries,
+        wasted_fraction=0.0 if r.work is None else r.work.wasted_fraction,
     )

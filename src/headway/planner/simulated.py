@@ -143,6 +143,9 @@ class Cost(msgspec.Struct, frozen=True, kw_only=True):
     run_s: float
     successful_tasks: int
     cost_per_successful_task: float | None
+    wasted_fraction: float = 0.0
+    """Of the tokens the engines processed, the share no answer came of (losing branches,
+    retried attempts, duplicates, cancelled calls): paid for in the cost above."""
 
 
 class SimulatedPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -435,4 +438,5 @@ def cost_of(spec: WorkloadSpec, cluster: ClusterSpec, run: Replay) -> Cost:
         run_s=run.duration_s,
         successful_tasks=run.tasks_met_deadline,
         cost_per_successful_task=per_task,
+        wasted_fraction=run.wasted_fraction,
     )

@@ -488,5 +488,8 @@ def cost_section(sim: dict[str, Any]) -> str:
         "<h2>Cost</h2>"
         f"<p>{text}: {cost['replicas']} replicas × "
         f"{fmt(cost['price_per_replica_hour'])}/h ({html.escape(cost['price_source'])}) over "
-        f"{cost['run_s']:g} s, {cost['successful_tasks']:,} tasks within their deadline.</p>"
+        f"{cost['run_s']:g} s, {cost['successful_tasks']:,} tasks within their deadline. "
+        f"Wasted work: {pct(cost.get('wasted_fraction', 0.0))} of the tokens the engines "
+        "processed came to no answer (losing branches, retried attempts, duplicates, "
+        "cancelled calls); the cost pays for it.</p>"
     )

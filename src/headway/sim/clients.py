@@ -26,6 +26,7 @@ from headway.sim.events import EV_ATTEMPT_TIMEOUT, EV_DUPLICATE, EV_PATIENCE, EV
 from headway.sim.kernel import DISPATCH
 from headway.sim.offers import GatewayOffers
 from headway.sim.outcome import CANCELLED, FAILED, IN_FLIGHT, NOT_OFFERED, TIMED_OUT
+from headway.sim.recording import processed_tokens
 
 # Random streams (with the workload's seed) of the clients' draws.
 _PATIENCE_STREAM, _RETRY_STREAM, _DUPLICATE_STREAM = 101, 102, 103
@@ -119,6 +120,7 @@ class ClientBehaviour(GatewayOffers):
         self._num_preemptions.extend([0] * m)
         self._replica.extend([-1] * m)
         self._cancelled.extend([False] * m)
+        self._lost_race.extend([False] * m)
         self._outcome.extend([NOT_OFFERED] * m)
         self._shed_reason.extend([-1] * m)
         self._attempts.extend([0] * m)
@@ -311,7 +313,9 @@ class ClientBehaviour(GatewayOffers):
         if req is None or not driver.model.abort(j):
             return False
         self._num_output_tokens[j] = req.num_output_tokens
-        self._record_stay(j, now, req.num_prompt_tokens, req.num_output_tokens)
+        self._record_stay(
+            j, now, req.num_prompt_tokens, req.num_output_tokens, processed_tokens(req), True
+        )
         driver.outstanding_requests -= 1
         self._outstanding[replica] -= 1
         tokens = self._call_in[j] + self._call_out[j]

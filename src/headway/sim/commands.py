@@ -151,6 +151,17 @@ def _print_result(r: SimResult, wall_s: float) -> None:
         f"output tok/s; preemptions {r.engine.preemptions}; simulated in {wall_s:.2f} s "
         f"({r.engine.steps:,} steps, {r.engine.steps_skipped:,} skipped)"
     )
+    if r.work is not None and r.work.wasted_tokens:
+        losing = (
+            f", {r.slo.losing_branches:,} losing branches (left out of attainment) "
+            f"{r.work.losing_branch_tokens / r.work.processed_tokens:.1%}"
+            if r.slo.losing_branches
+            else ""
+        )
+        console.print(
+            f"Wasted work: {r.work.wasted_fraction:.1%} of the {r.work.processed_tokens:,} "
+            f"tokens the engines processed came to no answer{losing}"
+        )
     console.print(
         "Little's law, L against λW over the sampled window: "
         + ", ".join(

@@ -112,7 +112,7 @@ class DisaggregatedHandoff(ReplicaStepping):
     def _prefill_finished(self, r: int, now: float, driver: ReplicaDriver) -> None:
         """Row ``r`` emitted its first token on prefill replica ``driver``: pick its decode
         replica (the decode pool's router) and start moving its prompt KV there."""
-        self._record_stay(r, now, self._call_in[r], 1)
+        self._record_stay(r, now, self._call_in[r], 1, self._call_in[r] + 1, False)
         driver.outstanding_requests -= 1
         self._outstanding[driver.index] -= 1
         driver.outstanding_tokens -= self._call_in[r] + 1

@@ -21,6 +21,7 @@ EV_DUPLICATE: Final = 12  # a: call; its client, still waiting, may submit it ag
 EV_TOOL_FAILED: Final = 13  # a: call, b: tool call code; the agent sees its tool call time out
 EV_KV_ARRIVED: Final = 14  # a: call row, b: transfer number; its prompt KV reached decode
 EV_CALL_DEADLINE: Final = 15  # a: call, b: attempt; its deadline passes: the gateway cancels it
+EV_CANCEL_LOSERS: Final = 16  # a: task, b: step; its losing branches' delay is over
 
 ATTEMPT_CODES: Final = 128
 """A queued gateway item is ``call * ATTEMPT_CODES + attempt`` (``max_attempts`` <= 100),

@@ -22,6 +22,7 @@ from headway.sim.events import EV_AUTOSCALE, EV_FAULT, EV_REPLICA_READY
 from headway.sim.faults import CacheFlush, Fault, Slowdown
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import FAILED
+from headway.sim.recording import processed_tokens
 
 
 class FleetChanges(DisaggregatedHandoff):
@@ -114,9 +115,11 @@ class FleetChanges(DisaggregatedHandoff):
             output = 0 if req is None else req.num_output_tokens
             driver.model.abort(j)
             if req is None:  # it finished in the step the loss cut short
-                self._record_stay(j, now, self._call_in[j], 0)
+                self._record_stay(j, now, self._call_in[j], 0, 0, True)
             else:
-                self._record_stay(j, now, req.num_prompt_tokens, output)
+                self._record_stay(
+                    j, now, req.num_prompt_tokens, output, processed_tokens(req), True
+                )
             driver.outstanding_requests -= 1
             self._outstanding[driver.index] -= 1
             driver.outstanding_tokens -= self._call_in[j] + self._call_out[j]

@@ -29,11 +29,13 @@ TIMED_OUT: Final = 5
 FAILED: Final = 6
 
 STAY_COLUMNS = ("enter_s", "leave_s", "admitted_s", "first_token_s", "prompt_tokens",
-                "output_tokens")  # fmt: skip
+                "output_tokens", "computed_tokens", "row", "aborted")  # fmt: skip
 """The columns of :attr:`SimOutcome.replica_stays`, one row per stay of an engine request
 in an engine: when it entered and left, when it was first scheduled (its blocks
 allocated) and emitted its first token there, the prompt it held and the tokens it
-computed there."""
+computed there, the tokens it processed there (prompt and output), its row (a call, or
+past the workload's calls a client's duplicate) and 1 when it was aborted (cancelled,
+lost with its replica) rather than finished."""
 
 SHED_REASONS = tuple(r.value for r in ShedReason)
 """The shed reasons, in the order of the codes in ``CallRecords.shed_reason``."""
@@ -63,6 +65,10 @@ class CallRecords:
     """The ``retry_after_s`` of the call's last shed (NaN: none, or never shed)."""
     attempts: IntArray
     """Times the call was offered: its first attempt plus its clients' retries."""
+    lost_race: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
+    """A losing branch (``branch_join: first``): a sibling of its step finished first, so
+    its task cancelled it (at once, or ``cancel_losers_after_s`` later) or ignored its
+    answer. Not a miss of the SLO: the task's outcome counts once, through its winner."""
     kv_transfer_s: FloatArray = field(default_factory=lambda: np.empty(0))
     """With disaggregation: seconds its prompt KV took (or, cancelled midway, would have
     taken) to reach its decode replica (NaN: no transfer: not disaggregated, one output
@@ -87,6 +93,7 @@ class CallRecords:
             shed_reason=np.full(n, -1, dtype=np.int8),
             retry_after_s=nan.copy(),
             attempts=np.zeros(n, dtype=np.int64),
+            lost_race=np.zeros(n, dtype=np.bool_),
             kv_transfer_s=nan.copy(),
         )
 

@@ -13,6 +13,7 @@ from typing import Final, cast
 import numpy as np
 
 from headway.core.engine.replica import DecodeRun, StepResult
+from headway.core.engine.request import EngineRequest
 from headway.sim.outcome import (
     FAILED,
     IN_FLIGHT,
@@ -30,6 +31,13 @@ _ITL_LOW_S: Final[float] = _ITL_EDGE_LIST[0]
 _ITL_HIGH_S: Final[float] = _ITL_EDGE_LIST[-1]
 _ITL_BINS: Final[int] = len(_ITL_EDGE_LIST) - 1
 _ITL_PER_LOG: Final[float] = _ITL_BINS / math.log(_ITL_HIGH_S / _ITL_LOW_S)
+
+
+def processed_tokens(req: EngineRequest) -> int:
+    """The tokens an engine request has processed where it is (its prompt as far as
+    computed there, not counting KV that arrived from elsewhere, and its output)."""
+    prompt = min(req.num_computed_tokens, req.num_prompt_tokens)
+    return max(prompt - req.num_external_computed_tokens, 0) + req.num_output_tokens
 
 
 class Recording(SimState):
@@ -50,6 +58,7 @@ class Recording(SimState):
         self._num_preemptions = [0] * n
         self._replica = [-1] * n
         self._cancelled = [False] * n
+        self._lost_race = [False] * n
         self._arrival_s = [nan] * n
         self._outcome = [NOT_OFFERED] * n
         self._shed_reason = [-1] * n
@@ -59,10 +68,14 @@ class Recording(SimState):
         self._num_steps = 0
         self._num_skipped = 0
 
-    def _record_stay(self, j: int, now: float, prompt_tokens: int, output_tokens: int) -> None:
-        """Row ``j``'s engine request left its engine at ``now`` (finished, aborted, lost,
-        or its prefill handed on), having held ``prompt_tokens`` and computed
-        ``output_tokens`` there: one row of :data:`~headway.sim.outcome.STAY_COLUMNS`."""
+    def _record_stay(
+        self, j: int, now: float, prompt_tokens: int, output_tokens: int, computed_tokens: int,
+        aborted: bool,
+    ) -> None:  # fmt: skip
+        """Row ``j``'s engine request left its engine at ``now``, finished (or its prefill
+        handed on) or ``aborted`` (cancelled, lost with its replica), having held
+        ``prompt_tokens``, generated ``output_tokens`` and processed ``computed_tokens``
+        (prompt and output) there: one row of :data:`~headway.sim.outcome.STAY_COLUMNS`."""
         enter = self._replica_enter_s[j]
         admitted = self._admitted_s[j]
         if admitted < enter:  # admitted in an earlier stay (a decode replica's: at entry)
@@ -70,9 +83,9 @@ class Recording(SimState):
         first = self._first_token_s[j]
         if not first >= enter:  # none in this stay (a decode replica's: its first step)
             first = admitted
-        self._replica_stays.extend(
-            (enter, now, admitted, first, float(prompt_tokens), float(output_tokens))
-        )
+        stay = (enter, now, admitted, first, float(prompt_tokens), float(output_tokens))
+        self._replica_stays.extend(stay)
+        self._replica_stays.extend((float(computed_tokens), float(j), float(aborted)))
 
     def _sim_outcome(self, now: float, num_events: int, loop_wall_s: float) -> SimOutcome:
         """The run's outcome at its end ``now``, after ``num_events`` events in
@@ -153,6 +166,7 @@ class Recording(SimState):
             shed_reason=np.array(self._shed_reason[:n], dtype=np.int8),
             retry_after_s=np.array(self._retry_after_s[:n], dtype=np.float64),
             attempts=np.array(self._attempts[:n], dtype=np.int64),
+            lost_race=np.array(self._lost_race[:n], dtype=np.bool_),
             kv_transfer_s=np.array(self._kv_transfer_s[:n], dtype=np.float64),
         )
 
@@ -251,7 +265,7 @@ class Recording(SimState):
 
         Tokens are not counted step by step: a call that finishes emitted all of its
         output (set in :meth:`_call_finished`), a cancelled one what its engine request
-        had emitted (:meth:`_cancel_siblings`); this covers any other at the end.
+        had emitted (:meth:`_cancel_call`); this covers any other at the end.
         """
         for d in self.drivers:
             sched = d.model.scheduler

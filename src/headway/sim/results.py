@@ -66,11 +66,14 @@ class Throughput(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Slo(msgspec.Struct, frozen=True, kw_only=True):
-    """SLO attainment (over offered calls) and goodput (met SLO per second)."""
+    """SLO attainment (over the calls of the workload, losing branches aside) and goodput
+    (met SLO per second)."""
 
     offered_calls: int
     met: int
     attainment: float
+    """Calls that met their SLO over the calls of the workload but the losing branches
+    (a ``branch_join: first`` step's answer counts once, through its winner)."""
     goodput_per_s: float
     offered_tasks: int
     tasks_completed: int
@@ -83,6 +86,26 @@ class Slo(msgspec.Struct, frozen=True, kw_only=True):
     task_deadlines_declared: bool = True
     """Whether any class declares ``task_deadline_s`` (if none, ``task_attainment`` is
     only the share completed)."""
+    losing_branches: int = 0
+    """Calls of ``branch_join: first`` steps that lost the race to a sibling (left out of
+    ``attainment``; their work is in ``work.losing_branch_tokens``)."""
+
+
+class Work(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens the engines processed, and the share no answer came of (seed 002's "cost
+    per successful task": losing branches, retried attempts, clients' duplicates,
+    cancelled and failed calls burn GPU time that the answered tasks pay for)."""
+
+    processed_tokens: int
+    """Prompt and output tokens processed in engines, every stay of every request."""
+    wasted_tokens: int
+    """Of those, the ones no delivered answer came of: stays aborted (cancelled, lost
+    with a replica, a timed-out attempt), losing branches, the second copy of a
+    duplicated call to finish."""
+    losing_branch_tokens: int
+    """Of the wasted, the losing branches' (``branch_join: first``)."""
+    wasted_fraction: float
+    """``wasted_tokens / processed_tokens`` (0 when nothing was processed)."""
 
 
 class Timeline(msgspec.Struct, frozen=True, kw_only=True):
@@ -228,6 +251,8 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     the replicas (admitted sequences and waiting requests) and the KV blocks."""
     engine: EngineStats
     accounting: Accounting
+    work: Work | None = None
+    """The engines' work and the share of it wasted (None: a result from before it)."""
 
 
 def _accounting(out: SimOutcome) -> Accounting:
@@ -308,10 +333,13 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
 
     Latencies run from the call's arrival at the gateway (without one, its dispatch), so
     a wait in the gateway's queue counts in TTFT and e2e. SLO attainment divides by every
-    call of the workload: shed, timed-out, cancelled and never-offered calls stay in the
-    denominator and never meet the SLO.
+    call of the workload but the losing branches of ``branch_join: first`` steps (their
+    task cancelled them, or ignored their answer, once a sibling answered; the step's
+    answer counts once, through its winner): shed, timed-out, cancelled and never-offered
+    calls stay in the denominator and never meet the SLO.
     """
     c = out.calls
+    counted = ~c.lost_race if c.lost_race.size else np.ones(c.outcome.size, dtype=np.bool_)
     ttft = c.first_token_s - c.arrival_s
     completed = c.outcome == OUTCOMES.index("completed")
     e2e = np.where(completed, c.finish_s - c.arrival_s, np.nan)
@@ -319,7 +347,9 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
     queue = c.admitted_s - c.arrival_s
     b_ttft, b_tpot, b_e2e = _bounds(w)
     met = meets_slo(ttft, tpot, e2e, ttft_bound_s=b_ttft, tpot_bound_s=b_tpot, e2e_bound_s=b_e2e)
+    met &= counted
     n = w.num_calls
+    n_counted = int(counted.sum())
     first = float(w.task_arrival_s[0]) if w.num_tasks else 0.0
     last = float(np.nanmax(c.finish_s)) if n and np.isfinite(c.finish_s).any() else first
     window = max(last - first, 1e-9)
@@ -333,11 +363,12 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
         known = summaries.get(key)
         if known is None:
             calls = int(mask.sum())
+            judged = int((mask & counted).sum())
             known = summaries[key] = Group(
                 name=name,
                 calls=calls,
                 completed=int((mask & completed).sum()),
-                slo_attainment=float((mask & met).sum()) / calls if calls else None,
+                slo_attainment=float((mask & met).sum()) / judged if judged else None,
                 latencies=_latencies(mask & completed, ttft, tpot, e2e, queue),
             )
         return known if known.name == name else msgspec.structs.replace(known, name=name)
@@ -414,7 +445,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
         slo=Slo(
             offered_calls=n,
             met=int(met.sum()),
-            attainment=float(met.sum()) / n if n else 0.0,
+            attainment=float(met.sum()) / n_counted if n_counted else 0.0,
             goodput_per_s=float(met.sum()) / window,
             offered_tasks=w.num_tasks,
             tasks_completed=int(task_done.sum()),
@@ -422,6 +453,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             task_attainment=float(task_met.sum()) / w.num_tasks if w.num_tasks else 0.0,
             verified_goodput_per_s=float(task_met.sum()) / window,
             task_deadlines_declared=any(d is not None for d in deadline_by_class),
+            losing_branches=n - n_counted,
         ),
         by_class=[group(name, call_class == i) for i, name in enumerate(w.class_names)],
         by_tenant=[group(name, call_tenant == i) for i, name in enumerate(w.tenant_names)],
@@ -481,6 +513,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             ),
         ),
         accounting=_accounting(out),
+        work=_work(out, c.lost_race),
     )
 
 
@@ -492,6 +525,26 @@ def _little(check: LittleCheck) -> Little:
         mean_time_in_system_s=check.mean_time_in_system_s,
         lambda_w=check.lambda_w,
         relative_mismatch=check.relative_mismatch,
+    )
+
+
+def _work(out: SimOutcome, lost_race: npt.NDArray[np.bool_]) -> Work:
+    """Tokens processed in engines, from every stay, and those no answer came of."""
+    stays = out.replica_stays
+    computed = stays[:, 6]
+    rows = stays[:, 7].astype(np.int64)
+    aborted = stays[:, 8] > 0
+    call = rows < lost_race.size
+    lost = np.zeros(rows.size, dtype=np.bool_)
+    lost[call] = lost_race[rows[call]]
+    processed = int(computed.sum())
+    wasted = int(computed[aborted | lost].sum()) + out.duplicate_output_tokens
+    wasted = min(wasted, processed)
+    return Work(
+        processed_tokens=processed,
+        wasted_tokens=wasted,
+        losing_branch_tokens=int(computed[lost].sum()),
+        wasted_fraction=wasted / processed if processed else 0.0,
     )
 
 

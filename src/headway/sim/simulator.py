@@ -46,6 +46,7 @@ from headway.sim.events import (
     EV_AUTOSCALE,
     EV_BOUNDARY,
     EV_CALL_DEADLINE,
+    EV_CANCEL_LOSERS,
     EV_DUPLICATE,
     EV_FAULT,
     EV_GATEWAY_EXPIRY,
@@ -204,7 +205,7 @@ class Simulator(TaskFlow):
     def _event_handlers(self) -> list[Callable[[int, int, float], None]]:
         """Per event kind, its handler, called as ``handler(a, b, now)`` (``EV_BOUNDARY``, the
         hottest, is handled in :meth:`run` itself; tasks arrive without events)."""
-        handlers: list[Callable[[int, int, float], None]] = [_ignore] * (EV_CALL_DEADLINE + 1)
+        handlers: list[Callable[[int, int, float], None]] = [_ignore] * (EV_CANCEL_LOSERS + 1)
         handlers[EV_STEP_DISPATCH] = self._dispatch_step
         handlers[EV_GATEWAY_EXPIRY] = lambda a, b, now: self._gateway_expiry(now)
         handlers[EV_RETRY] = lambda a, b, now: self._retry(a, now)
@@ -218,6 +219,7 @@ class Simulator(TaskFlow):
         handlers[EV_DUPLICATE] = lambda a, b, now: self._duplicate(a, now)
         handlers[EV_KV_ARRIVED] = self._kv_arrived
         handlers[EV_CALL_DEADLINE] = self._deadline_passed
+        handlers[EV_CANCEL_LOSERS] = self._cancel_losers
         return handlers
 
 

@@ -72,6 +72,10 @@ class SimState:
     _num_preemptions: list[int]
     _replica: list[int]
     _cancelled: list[bool]
+    _lost_race: list[bool]
+    """Per row: a losing branch of a ``branch_join: first`` step."""
+    _cancel_losers_after_s: list[float]
+    """Per class: how long losing branches keep running after their step's winner."""
     _arrival_s: list[float]
     _outcome: list[int]
     _shed_reason: list[int]
@@ -163,7 +167,10 @@ class SimState:
         raise NotImplementedError
 
     # headway.sim.recording
-    def _record_stay(self, j: int, now: float, prompt_tokens: int, output_tokens: int) -> None:
+    def _record_stay(
+        self, j: int, now: float, prompt_tokens: int, output_tokens: int, computed_tokens: int,
+        aborted: bool,
+    ) -> None:  # fmt: skip
         raise NotImplementedError
 
     def _materialize(self, driver: ReplicaDriver, now: float) -> None:

@@ -17,7 +17,13 @@ from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.clients import ClientBehaviour
 from headway.sim.driver import ReplicaDriver
-from headway.sim.events import ATTEMPT_CODES, EV_STEP_DISPATCH, EV_TOOL_CALL, EV_TOOL_FAILED
+from headway.sim.events import (
+    ATTEMPT_CODES,
+    EV_CANCEL_LOSERS,
+    EV_STEP_DISPATCH,
+    EV_TOOL_CALL,
+    EV_TOOL_FAILED,
+)
 from headway.sim.kernel import DISPATCH
 from headway.sim.outcome import COMPLETED, IN_FLIGHT
 
@@ -43,6 +49,9 @@ class TaskFlow(ClientBehaviour):
         ]
         self._join_first = [
             workload.spec.classes[c].branch_join == "first" for c in workload.class_names
+        ]
+        self._cancel_losers_after_s = [
+            workload.spec.classes[c].cancel_losers_after_s for c in workload.class_names
         ]
         self._task_class = workload.task_class.tolist()
         self._task_steps = workload.task_num_steps.tolist()
@@ -88,9 +97,11 @@ class TaskFlow(ClientBehaviour):
         self._finish_s[r] = now
         self._num_output_tokens[r] = self._call_out[r]  # a finished call emitted all
         if self._num_prefill and driver.index >= self._num_prefill:  # its decode stay
-            self._record_stay(r, now, self._call_in[r] + 1, self._call_out[r] - 1)
+            out = self._call_out[r]
+            self._record_stay(r, now, self._call_in[r] + 1, out - 1, out, False)
         else:
-            self._record_stay(r, now, self._call_in[r], self._call_out[r])
+            tokens = self._call_in[r] + self._call_out[r]
+            self._record_stay(r, now, self._call_in[r], self._call_out[r], tokens, False)
         driver.outstanding_requests -= 1
         self._outstanding[driver.index] -= 1
         driver.outstanding_tokens -= self._call_in[r] + self._call_out[r]
@@ -120,11 +131,11 @@ class TaskFlow(ClientBehaviour):
             self._window_finished += 1
             if bound_s is not None and now - self._arrival_s[j] > bound_s:
                 self._window_missed += 1
-        if self._task_left[task] <= 0:  # a losing branch finishing after the winner
+        if self._lost_race[j] or self._task_left[task] <= 0:  # its step's winner came first
             return
         if self._join_first[self._task_class[task]]:
             self._task_left[task] = 0
-            self._cancel_siblings(task, j, now)
+            self._siblings_lost(task, j, now)
         else:
             self._task_left[task] -= 1
             if self._task_left[task] > 0:
@@ -178,13 +189,31 @@ class TaskFlow(ClientBehaviour):
             return
         self._task_ended(self._call_task[j], now)
 
-    def _cancel_siblings(self, task: int, winner: int, now: float) -> None:
-        branches = self._calls_per_step[self._task_class[task]]
-        first = self._call_first[task] + self._task_step[task] * branches
+    def _siblings_lost(self, task: int, winner: int, now: float) -> None:
+        """``winner`` answered its ``branch_join: first`` step: the step's other calls still
+        running lost the race; the task cancels them now, or after its class's
+        ``cancel_losers_after_s`` (an orchestrator that cancels late keeps them burning
+        capacity after the user has an answer: seed 002)."""
+        k = self._task_class[task]
+        branches = self._calls_per_step[k]
+        step = self._task_step[task]
+        first = self._call_first[task] + step * branches
         for j in range(first, first + branches):
-            if j == winner or self._outcome[j] != IN_FLIGHT:
-                continue
-            self._cancel_call(j, now)
+            if j != winner and self._outcome[j] == IN_FLIGHT:
+                self._lost_race[j] = True
+        delay_s = self._cancel_losers_after_s[k]
+        if delay_s > 0:
+            self.events.push(now + delay_s, DISPATCH, EV_CANCEL_LOSERS, task, step)
+        else:
+            self._cancel_losers(task, step, now)
+
+    def _cancel_losers(self, task: int, step: int, now: float) -> None:
+        """Cancel the losing branches of ``task``'s step ``step`` still running."""
+        branches = self._calls_per_step[self._task_class[task]]
+        first = self._call_first[task] + step * branches
+        for j in range(first, first + branches):
+            if self._lost_race[j] and self._outcome[j] == IN_FLIGHT:
+                self._cancel_call(j, now)
         if self.gateway is not None:
             self._pump(now)
 
@@ -193,7 +222,7 @@ class TaskFlow(ClientBehaviour):
         complete (``all``) or has one branch fewer (``first``); a task whose step cannot
         complete ends there, unfinished, and its later calls are never offered."""
         task = self._call_task[j]
-        if self._task_left[task] <= 0:
+        if self._lost_race[j] or self._task_left[task] <= 0:
             return
         if self._join_first[self._task_class[task]]:
             self._task_left[task] -= 1

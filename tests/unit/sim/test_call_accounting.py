@@ -215,11 +215,16 @@ def test_every_offered_call_ends_in_exactly_one_terminal_state(
         assert set(gateway.core.in_flight.values()) <= {0}
 
     # SLO attainment keeps shed, timed-out, cancelled and unoffered calls in its
-    # denominator; only completed calls can meet it.
+    # denominator; only completed calls can meet it. Losing branches are out of both (a
+    # `first` step's answer counts once, through its winner), and never met it.
     assert result.slo.offered_calls == w.num_calls
     assert result.slo.met <= acc.completed
-    if w.num_calls:
-        assert result.slo.attainment == result.slo.met / w.num_calls
+    lost = out.calls.lost_race
+    assert result.slo.losing_branches == int(lost.sum())
+    assert (lost <= (out.calls.outcome != OUTCOMES.index("not_offered"))).all()
+    judged = w.num_calls - result.slo.losing_branches
+    if judged:
+        assert result.slo.attainment == result.slo.met / judged
 
 
 def test_skipping_decode_runs_equals_stepping_behind_the_gateway() -> None:

@@ -538,6 +538,12 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
     """A step with branches waits for ``all`` of them, or takes the ``first`` to finish
     and cancels the others."""
 
+    cancel_losers_after_s: float = 0.0
+    """With ``branch_join: first``: how long the losing branches keep running after the
+    winner finished before the task cancels them (0: at once). An orchestrator that
+    cancels late burns capacity after the user already has an answer (seed 002); the
+    tokens they compute are wasted work."""
+
     tools_per_call: Distribution = 0.0
     """Tool calls after each generation call (except the last), sequential."""
 
@@ -592,6 +598,17 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
         _require(
             1 <= self.parallel_branches <= 64,
             f"`parallel_branches` must be between 1 and 64 (got {self.parallel_branches})",
+        )
+        _require(
+            math.isfinite(self.cancel_losers_after_s) and self.cancel_losers_after_s >= 0,
+            f"`cancel_losers_after_s` must be a finite number of seconds >= 0 (got "
+            f"{self.cancel_losers_after_s})",
+        )
+        _require(
+            self.cancel_losers_after_s == 0 or self.branch_join == "first",
+            f"`cancel_losers_after_s` ({self.cancel_losers_after_s}) applies to "
+            "`branch_join: first` only (with `all` no branch loses); remove it or set "
+            "`branch_join: first`",
         )
         _require(
             math.isfinite(self.retry_multiplier) and self.retry_multiplier >= 1,

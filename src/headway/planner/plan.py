@@ -44,7 +44,7 @@ from headway.planner.simulated import (
 )
 from headway.planner.summary import summarize_bad_days, summarize_plan
 from headway.sim.baddays import DEFAULT_SCENARIOS, BadDayMatrix, run_bad_days
-from headway.sim.cluster import ClusterSpec
+from headway.sim.cluster import ClusterSpec, with_replicas
 
 SCHEMA = "headway.plan/1"
 DEFAULT_GPU = "h100"
@@ -162,6 +162,13 @@ def build_plan(
             "does not size two pools yet: simulate it with `headway simulate`, or plan the "
             "colocated cluster"
         )
+    elif choice.spec.pools or len(spec.routes) > 1:
+        skipped = (
+            f"the workload has {len(spec.routes)} routes ({', '.join(spec.routes)}), each "
+            "needing its own pool of replicas; the plan's replica search sizes one pool: the "
+            "analytic plan sizes each route, and `headway simulate --cluster` runs a cluster "
+            "file with `pools:`"
+        )
     elif executor is None:
         skipped = "no executor"
     sim: SimulatedPlan | None = None
@@ -244,7 +251,7 @@ def _bad_days(
     point."""
     search = sim.replica_search
     replicas = (search.recommended if search is not None else None) or sim.cluster.replicas
-    cluster = msgspec.structs.replace(sim.cluster, replicas=replicas)
+    cluster = with_replicas(sim.cluster, replicas)
     presets = list(dict.fromkeys((cluster.gateway.preset, "headway-default")))
     progress.stage("bad days", len(presets) * len(DEFAULT_SCENARIOS))
     try:

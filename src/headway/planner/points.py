@@ -20,7 +20,7 @@ from headway.core.trace_data import TraceData
 from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.planner.demand import steady_workload
-from headway.sim.cluster import ClusterSpec
+from headway.sim.cluster import ClusterSpec, with_replicas
 from headway.sim.results import Group, Little, SimResult
 from headway.sim.run import simulate_compiled
 from headway.sim.simulator import OUTCOMES, SimOptions, SimOutcome
@@ -115,7 +115,7 @@ def _simulate(
     task: PointTask, spec: WorkloadSpec, traces: Mapping[str, TraceData] | None
 ) -> tuple[CompiledWorkload, SimResult, SimOutcome]:
     workload = compile_workload(spec, seed=task.seed, traces=traces)
-    cluster = msgspec.structs.replace(task.cluster, replicas=task.replicas)
+    cluster = with_replicas(task.cluster, task.replicas)
     options = SimOptions(sample_points=400 if task.kind == "replay" else 50)
     result, outcome = simulate_compiled(workload, cluster, options)
     return workload, result, outcome

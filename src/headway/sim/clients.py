@@ -102,6 +102,8 @@ class ClientBehaviour(GatewayOffers):
         ):
             inputs.extend([inputs[j] for j in chosen])
         self._call_tool.extend([self._call_tool[j] for j in chosen])
+        if self._call_pool:
+            self._call_pool.extend([self._call_pool[j] for j in chosen])
         m = len(chosen)
         nan = math.nan
         for column in (

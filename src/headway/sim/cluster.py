@@ -17,6 +17,7 @@ model (or a measured profile) and a KV pool sized from GPU memory.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -66,6 +67,25 @@ class Disaggregation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 f"`disaggregation.kv_transfer_bandwidth_bytes_per_s` must be > 0 (got "
                 f"{bandwidth}); give bytes per second, e.g. 450e9 for NVLink 4, or omit it"
             )
+
+
+class Pool(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Replicas that serve some of the workload's routes only, with their own model, GPU
+    and engine settings where given (the cluster's otherwise). Seed 000: separate queues
+    and worker pools for unlike work, so a bulk route cannot take an interactive one's
+    replicas."""
+
+    routes: list[str]
+    """The workload routes whose calls go to this pool (and only here)."""
+
+    replicas: int
+    """Its replicas (the pools' replicas add up to the cluster's ``replicas``)."""
+
+    model: str | None = None
+    gpu: str | None = None
+    tensor_parallel: int | None = None
+    num_kv_blocks: int | None = None
+    engine: SchedulerConfig | None = None
 
 
 MAX_REPLICAS: Final = 10_000
@@ -132,6 +152,11 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """What one replica costs per hour, for the cost per successful task (None: the
     workload's ``routes.<first>.replica.price_per_hour``, if any)."""
 
+    pools: dict[str, Pool] = msgspec.field(default_factory=dict)
+    """Separate pools of replicas per route (empty: one pool serves every route; a
+    workload with two or more routes needs pools, not a silent merge). Each pool has its
+    own router over its replicas; the first pool's replicas come first."""
+
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"`replicas` must be >= 1 (got {self.replicas})")
@@ -154,6 +179,52 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError("`step_time: profile` needs a `profile`")
         if self.disaggregation is not None:
             self._check_disaggregation(self.disaggregation)
+        if self.pools:
+            self._check_pools()
+
+    def _check_pools(self) -> None:
+        total = 0
+        seen: dict[str, str] = {}
+        for name, pool in self.pools.items():
+            if pool.replicas < 1:
+                raise ValueError(f"`pools.{name}.replicas` must be >= 1 (got {pool.replicas})")
+            if not pool.routes:
+                raise ValueError(
+                    f"`pools.{name}.routes` is empty: name the workload routes it serves"
+                )
+            for route in pool.routes:
+                if route in seen:
+                    raise ValueError(
+                        f"route {route!r} is in `pools.{seen[route]}` and `pools.{name}`: "
+                        "a route's calls go to one pool; keep it in one"
+                    )
+                seen[route] = name
+            total += pool.replicas
+        if total != self.replicas:
+            raise ValueError(
+                f"the pools hold {total} replicas but `replicas` is {self.replicas}: set "
+                f"`replicas: {total}` (the pools' sum)"
+            )
+        sizes = {(pool.engine or self.engine).block_size for pool in self.pools.values()}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"the pools' engines use block sizes {sorted(sizes)}: give them one "
+                "`engine.block_size`"
+            )
+        unsupported = [
+            name
+            for name, used in (
+                ("`gateway: {preset: headway-default}`", self.gateway.preset != "fifo-unbounded"),
+                ("`autoscaler`", self.autoscaler is not None),
+                ("`disaggregation`", self.disaggregation is not None),
+            )
+            if used
+        ]
+        if unsupported:
+            raise ValueError(
+                f"`pools` are not simulated together with {', '.join(unsupported)} yet; "
+                "remove those or remove `pools`"
+            )
 
     def _check_disaggregation(self, disagg: Disaggregation) -> None:
         if disagg.prefill_replicas >= self.replicas:
@@ -177,6 +248,82 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 "yet; remove those (gateway: {preset: fifo-unbounded}, no faults, no "
                 "autoscaler) or remove `disaggregation`"
             )
+
+
+def pool_cluster(spec: ClusterSpec, name: str) -> ClusterSpec:
+    """The cluster of one pool: its replicas, and its model, GPU and engine where it
+    names them (the cluster's otherwise)."""
+    pool = spec.pools[name]
+    return msgspec.structs.replace(
+        spec,
+        replicas=pool.replicas,
+        model=pool.model or spec.model,
+        gpu=pool.gpu or spec.gpu,
+        tensor_parallel=pool.tensor_parallel or spec.tensor_parallel,
+        num_kv_blocks=spec.num_kv_blocks if pool.num_kv_blocks is None else pool.num_kv_blocks,
+        engine=pool.engine or spec.engine,
+        pools={},
+    )
+
+
+def check_routes(spec: ClusterSpec, routes: Sequence[str]) -> None:
+    """The workload's ``routes`` fit the cluster: one route on a single pool, or every
+    route in exactly one pool. Raises :class:`ConfigError` naming the routes otherwise."""
+    if not spec.pools:
+        if len(routes) > 1:
+            names = ", ".join(routes)
+            raise ConfigError(
+                f"the workload has {len(routes)} routes ({names}) but the cluster is one pool "
+                "of replicas, which would merge them silently; give the cluster `pools:`, one "
+                f"per route (e.g. pools: {{{routes[0]}: {{routes: [{routes[0]}], replicas: 1}}, "
+                "...}), see docs/simulate.md",
+                path="$.pools",
+            )
+        return
+    try:  # the cluster may have been changed with structs.replace, which checks nothing
+        spec._check_pools()
+    except ValueError as error:
+        raise ConfigError(str(error), path="$.pools") from None
+    served = {route for pool in spec.pools.values() for route in pool.routes}
+    unknown = sorted(served - set(routes))
+    if unknown:
+        raise ConfigError(
+            f"`pools` name routes the workload does not have: {', '.join(unknown)} (its "
+            f"routes: {', '.join(routes) or 'none'}); fix the names",
+            path="$.pools",
+        )
+    missing = [route for route in routes if route not in served]
+    if missing:
+        raise ConfigError(
+            f"no pool serves the workload's routes {', '.join(missing)}: add them to a "
+            "pool's `routes`",
+            path="$.pools",
+        )
+
+
+def with_replicas(spec: ClusterSpec, replicas: int) -> ClusterSpec:
+    """``spec`` with ``replicas`` in all; its pools keep their shares of them (largest
+    remainder, at least one each)."""
+    if not spec.pools:
+        return msgspec.structs.replace(spec, replicas=replicas)
+    names = list(spec.pools)
+    replicas = max(replicas, len(names))
+    whole = sum(p.replicas for p in spec.pools.values())
+    exact = [spec.pools[n].replicas * replicas / whole for n in names]
+    counts = [max(1, math.floor(x)) for x in exact]
+    order = sorted(range(len(names)), key=lambda i: counts[i] - exact[i])
+    i = 0
+    while sum(counts) < replicas:
+        counts[order[i % len(order)]] += 1
+        i += 1
+    while sum(counts) > replicas:
+        k = max((j for j in range(len(counts)) if counts[j] > 1), key=lambda j: counts[j])
+        counts[k] -= 1
+    pools = {
+        n: msgspec.structs.replace(spec.pools[n], replicas=c)
+        for n, c in zip(names, counts, strict=True)
+    }
+    return msgspec.structs.replace(spec, replicas=replicas, pools=pools)
 
 
 def resolve_model_gpu(spec: ClusterSpec) -> tuple[ModelSpec, GpuSpec]:

@@ -17,6 +17,7 @@ from headway.core.policy.routing import Router, RouteRequest
 from headway.sim.driver import IDLE, RUN, STEP, ReplicaDriver
 from headway.sim.events import EV_BOUNDARY
 from headway.sim.kernel import BOUNDARY
+from headway.sim.pools import RoutePools
 from headway.sim.recording import Recording
 
 
@@ -43,11 +44,30 @@ class ReplicaStepping(Recording):
         always eligible (with ``check_invariants`` the full ``route`` decides and the two
         are checked against each other)."""
 
+    def _init_pools(self, pools: RoutePools | None, router: Router, call_route: list[int]) -> None:
+        """Per call, the pool of its route, and a router per pool (no pools: empty)."""
+        self._pool_lo = []
+        self._pool_hi = []
+        self._pool_routers = []
+        self._call_pool = []
+        if pools is None:
+            return
+        for lo, hi in pools.bounds:
+            self._pool_lo.append(lo)
+            self._pool_hi.append(hi)
+            self._pool_routers.append(Router(kind=router.kind))
+        self._call_pool = [pools.route_pool[r] for r in call_route]
+
     def _route(self, j: int, now: float) -> int:
         """The replica the router picks for call ``j`` at ``now`` (disaggregated: among
-        the prefill replicas)."""
+        the prefill replicas; with pools: among its route's pool)."""
         if self._num_prefill:
             return self._route_pool(j, now, 0, self._num_prefill, self.router)
+        if self._pool_lo:
+            p = self._call_pool[j]
+            return self._route_pool(
+                j, now, self._pool_lo[p], self._pool_hi[p], self._pool_routers[p]
+            )
         prompt, output = self._call_in[j], self._call_out[j]
         if self._least_outstanding and self._all_eligible and not self._paranoid:
             choice = self.router.route_all_eligible(self._outstanding)
@@ -73,9 +93,10 @@ class ReplicaStepping(Recording):
         return choice
 
     def _route_pool(self, r: int, now: float, lo: int, hi: int, router: Router) -> int:
-        """Disaggregated: the replica in ``lo..hi - 1`` that ``router`` picks for row ``r``
-        (every replica is eligible: no faults nor autoscaler with disaggregation)."""
-        if self._least_outstanding and not self._paranoid:
+        """The replica in ``lo..hi - 1`` (a pool, or a disaggregated phase's replicas) that
+        ``router`` picks for row ``r``: over the outstanding counts while every replica is
+        eligible, else over their load views (a lost replica is not routable)."""
+        if self._least_outstanding and self._all_eligible and not self._paranoid:
             return lo + router.route_all_eligible(self._outstanding[lo:hi])
         prompt, output = self._call_in[r], self._call_out[r]
         request = RouteRequest(
@@ -90,8 +111,10 @@ class ReplicaStepping(Recording):
         picked = router.route(now, request, pool)
         if picked is None:
             return -1
-        if self._least_outstanding and picked != router.route_all_eligible(
-            self._outstanding[lo:hi]
+        if (
+            self._least_outstanding
+            and self._all_eligible
+            and picked != router.route_all_eligible(self._outstanding[lo:hi])
         ):
             raise RuntimeError(f"row {r}: the router picked {lo + picked}, the shortcut not")
         return lo + picked

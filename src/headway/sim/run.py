@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from headway.core.engine.efficiency import EfficiencyTable
+from headway.core.engine.replica import ReplicaModel
 from headway.core.policy.autoscaler import Autoscaler
 from headway.core.policy.routing import Router
 from headway.core.policy.speeds import prior_from_step_time
@@ -14,11 +16,14 @@ from headway.data import load_efficiency_table
 from headway.sim.cluster import (
     ClusterSpec,
     build_replica,
+    check_routes,
     kv_transfer_s_per_token,
+    pool_cluster,
     resolve_model_gpu,
     step_time_model,
 )
 from headway.sim.gateway import SimGateway
+from headway.sim.pools import RoutePools
 from headway.sim.presets import resolve_gateway
 from headway.sim.results import SimResult, build_result
 from headway.sim.simulator import Disaggregation, SimOptions, SimOutcome, Simulator
@@ -27,9 +32,17 @@ from headway.sim.simulator import Disaggregation, SimOptions, SimOutcome, Simula
 def simulate_compiled(
     workload: CompiledWorkload, cluster: ClusterSpec, options: SimOptions | None = None
 ) -> tuple[SimResult, SimOutcome]:
-    """Simulate an already compiled workload on ``cluster`` (behind its ``gateway``)."""
-    step_time = step_time_model(cluster, load_efficiency_table())
-    replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
+    """Simulate an already compiled workload on ``cluster`` (behind its ``gateway``; its
+    ``pools`` serve their routes only). Raises :class:`~headway.core.errors.ConfigError`
+    when the workload's routes do not fit the cluster's pools."""
+    check_routes(cluster, workload.route_names)
+    efficiency = load_efficiency_table()
+    step_time = step_time_model(cluster, efficiency)
+    pools = None
+    if cluster.pools:
+        replicas, pools = _pooled_replicas(workload, cluster, efficiency)
+    else:
+        replicas = [build_replica(cluster, step_time) for _ in range(cluster.replicas)]
     gateway = None
     if cluster.gateway.preset == "headway-default":
         config = resolve_gateway(workload, cluster, step_time)
@@ -67,8 +80,31 @@ def simulate_compiled(
         autoscaler=autoscaler,
         new_replica=lambda: build_replica(cluster, step_time),
         disaggregation=disaggregation,
+        pools=pools,
     ).run()
     return build_result(workload, outcome, cluster.replicas), outcome
+
+
+def _pooled_replicas(
+    workload: CompiledWorkload, cluster: ClusterSpec, efficiency: EfficiencyTable
+) -> tuple[list[ReplicaModel], RoutePools]:
+    """Each pool's replicas, built from its own model, GPU and engine, one after another;
+    and which routes go to which."""
+    replicas: list[ReplicaModel] = []
+    bounds = []
+    route_pool = [-1] * len(workload.route_names)
+    for p, name in enumerate(cluster.pools):
+        own = pool_cluster(cluster, name)
+        step_time = step_time_model(own, efficiency)
+        lo = len(replicas)
+        replicas += [build_replica(own, step_time) for _ in range(own.replicas)]
+        bounds.append((lo, len(replicas)))
+        for route in cluster.pools[name].routes:
+            route_pool[workload.route_names.index(route)] = p
+    pools = RoutePools(
+        names=tuple(cluster.pools), bounds=tuple(bounds), route_pool=tuple(route_pool)
+    )
+    return replicas, pools
 
 
 def simulate(

@@ -68,6 +68,7 @@ from headway.sim.outcome import (
     CallRecords,
     SimOutcome,
 )
+from headway.sim.pools import RoutePools
 from headway.sim.tasks import TaskFlow
 
 __all__ = [
@@ -103,6 +104,7 @@ class Simulator(TaskFlow):
         autoscaler: Autoscaler | None = None,
         new_replica: Callable[[], ReplicaModel] | None = None,
         disaggregation: Disaggregation | None = None,
+        pools: RoutePools | None = None,
     ) -> None:
         """``gateway``: the ``headway-default`` gateway in front of the router; None sends
         every call to the router at once (``fifo-unbounded``). ``faults``: injected
@@ -130,6 +132,7 @@ class Simulator(TaskFlow):
             skip_decode=self.options.skip_decode,
             check_invariants=self.options.check_invariants,
         )
+        self._init_pools(pools, router, workload.call_route.tolist())
         self._init_clients(workload)
         self.gateway = gateway
         if gateway is not None:

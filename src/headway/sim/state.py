@@ -51,6 +51,12 @@ class SimState:
     _call_task: list[int]
     _call_prefix_row: list[int]
     _call_tool: list[float]
+    _call_pool: list[int]
+    """Per row: the pool of its route (empty without pools)."""
+    _pool_lo: list[int]
+    _pool_hi: list[int]
+    """Per pool: its replicas, ``lo`` to ``hi - 1``."""
+    _pool_routers: list[Router]
     _call_service: list[int]
 
     # Per-call records (same rows), Python lists while the run goes (a list item is

@@ -82,6 +82,22 @@ def test_report_has_bad_day_matrix_and_no_network_urls(report: Path) -> None:
     assert page.count('class="plot"') >= len(PLOTS)
 
 
+def test_report_leads_with_the_three_numbers(report: Path, tmp_path: Path) -> None:
+    """Issue 19, deliverable 5: offered load, SLO goodput and verified-outcome goodput
+    side by side over the sweep, the first section after the summary."""
+    seen = open_report(report, tmp_path / "report.png")
+    title = "Offered load, SLO goodput, verified-outcome goodput"
+    tables = [t for t in seen.tables if t["title"] == title]
+    assert len(tables) == 1, [t["title"] for t in seen.tables]
+    columns = tables[0]["columns"]
+    assert columns[1:3] == ["offered (tasks/s)", "offered (calls/s)"]
+    assert "verified outcomes (tasks/s)" in columns and "workflow pressure (%)" in columns
+    page = report.read_text(encoding="utf-8")
+    assert page.index("id='three-numbers'") < page.index("Capacity at SLO")
+    section = page[page.index("id='three-numbers'") : page.index("Capacity at SLO")]
+    assert section.count("<tr>") >= 4  # the header and a row per simulated load
+
+
 def test_report_shows_littles_law_at_every_boundary(report: Path, tmp_path: Path) -> None:
     """Issue 19, result 1: the replayed run's check at each boundary, in its own table."""
     seen = open_report(report, tmp_path / "report.png")

@@ -176,7 +176,8 @@ class _ClassFacts:
 
 def _class_facts(spec: WorkloadSpec, cls: TaskClass) -> _ClassFacts:
     calls = distributions.whole_mean(cls.calls, minimum=1)
-    cpt = calls * cls.parallel_branches * cls.retry_multiplier
+    steps = (calls + cls.verification_calls) * cls.expected_attempts
+    cpt = steps * cls.parallel_branches * cls.retry_multiplier
     joint = cls.joint_tokens
     if joint is not None and joint.pairs is not None:
         pairs = np.asarray(joint.pairs, dtype=np.float64)

@@ -73,6 +73,14 @@ def capacity_section(sim: dict[str, Any]) -> str:
                 ],
             ),
             Line(
+                "verified outcomes",
+                [
+                    (r, p["sweep"].get("verified_goodput_per_s", 0.0))
+                    for r, p in zip(rate, sweep, strict=True)
+                ],
+                color=PALETTE[2],
+            ),
+            Line(
                 "offered",
                 [(r, p["sweep"]["offered_tasks_per_s"]) for r, p in zip(rate, sweep, strict=True)],
                 color="#98a2b3",
@@ -109,6 +117,57 @@ def capacity_section(sim: dict[str, Any]) -> str:
             )
         )
     return f"<h2>Capacity at SLO</h2><div class='plots'>{attain}{goodput}</div>{text}"
+
+
+def three_numbers_section(sim: dict[str, Any]) -> str:
+    """Seed 002's three numbers of the operations page, side by side over the sweep:
+    offered load, SLO goodput, verified-outcome goodput; the gap between the first two is
+    serving pressure, between the last two workflow pressure."""
+    sweep = sim.get("sweep") or []
+    if not sweep:
+        return ""
+    rows = []
+    for p in sweep:
+        s = p["sweep"]
+        tasks, calls = s["offered_tasks_per_s"], s["offered_calls_per_s"]
+        slo_tasks = s["goodput_per_s"] * tasks / calls if calls else 0.0
+        verified = s.get("verified_goodput_per_s", 0.0)
+        serving = 1.0 - s["goodput_per_s"] / calls if calls else None
+        workflow = 1.0 - verified / slo_tasks if slo_tasks else None
+        rows.append(
+            [
+                fmt(s["load_factor"], "×"),
+                fmt(tasks),
+                fmt(calls),
+                fmt(s["goodput_per_s"]),
+                fmt(slo_tasks),
+                fmt(verified),
+                heat(None if serving is None else 1 - serving, 0.5, 0.95, pct(serving)),
+                heat(None if workflow is None else 1 - workflow, 0.5, 0.95, pct(workflow)),
+            ]
+        )
+    return (
+        "<h2 id='three-numbers'>Offered load, SLO goodput, verified-outcome goodput</h2>"
+        "<p class='muted'>Seed 002's three numbers, at each simulated load: the work trying "
+        "to enter (shed and deferred calls included), the calls completed inside every "
+        "latency bound (also as tasks: ÷ calls per task), and the tasks completed within "
+        "their deadline whose outcome was accepted. Serving pressure: the share of offered "
+        "calls that missed; workflow pressure: the share of SLO goodput that became no "
+        "verified outcome (deadlines missed across a task's calls, outcomes rejected).</p>"
+        + table(
+            [
+                "load (×)",
+                "offered (tasks/s)",
+                "offered (calls/s)",
+                "SLO goodput (calls/s)",
+                "SLO goodput (tasks/s)",
+                "verified outcomes (tasks/s)",
+                "serving pressure (%)",
+                "workflow pressure (%)",
+            ],
+            rows,
+        )
+    )
 
 
 def latency_section(sim: dict[str, Any], bounds: dict[str, float]) -> str:

@@ -206,6 +206,7 @@ def render_plan_html(data: dict[str, Any]) -> str:
         )
     if sim:
         sections += [
+            findings.three_numbers_section(sim),
             findings.capacity_section(sim),
             findings.latency_section(sim, _slo_bounds(plan)),
             findings.replicas_section(sim, plan.get("answer")),

@@ -82,13 +82,17 @@ class Slo(msgspec.Struct, frozen=True, kw_only=True):
     """Tasks completed within their deadline over tasks offered (a task whose class
     declares no deadline counts once it completes)."""
     verified_goodput_per_s: float
-    """Tasks completed within their deadline, per second."""
+    """Verified-outcome goodput (seed 002): tasks completed within their deadline whose
+    outcome was accepted (their class's ``acceptance_probability``; a rejected outcome's
+    retries take part of the deadline), per second."""
     task_deadlines_declared: bool = True
     """Whether any class declares ``task_deadline_s`` (if none, ``task_attainment`` is
     only the share completed)."""
     losing_branches: int = 0
     """Calls of ``branch_join: first`` steps that lost the race to a sibling (left out of
     ``attainment``; their work is in ``work.losing_branch_tokens``)."""
+    tasks_verified: int = 0
+    """Tasks completed within their deadline with an accepted outcome."""
 
 
 class Work(msgspec.Struct, frozen=True, kw_only=True):
@@ -386,6 +390,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
     deadline_by_class = [w.spec.classes[k].slo.task_deadline_s for k in w.class_names]
     deadlines = task_deadlines_s(deadline_by_class, w.task_class)
     task_met = task_done & (out.task_finish_s - w.task_arrival_s <= deadlines)
+    verified = task_met & w.task_accepted if w.task_accepted.size else task_met
     occupancy = (out.timeline_running + out.timeline_waiting).astype(np.float64)
     window_s = _sampled_window_s(out)
     stays = out.replica_stays
@@ -451,9 +456,10 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
             tasks_completed=int(task_done.sum()),
             tasks_met_deadline=int(task_met.sum()),
             task_attainment=float(task_met.sum()) / w.num_tasks if w.num_tasks else 0.0,
-            verified_goodput_per_s=float(task_met.sum()) / window,
+            verified_goodput_per_s=float(verified.sum()) / window,
             task_deadlines_declared=any(d is not None for d in deadline_by_class),
             losing_branches=n - n_counted,
+            tasks_verified=int(verified.sum()),
         ),
         by_class=[group(name, call_class == i) for i, name in enumerate(w.class_names)],
         by_tenant=[group(name, call_tenant == i) for i, name in enumerate(w.tenant_names)],

@@ -58,6 +58,8 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     preemptions: int
     tenant_attainment: dict[str, float] = {}
     """Attainment of each tenant with an ``attainment_target`` (over its offered calls)."""
+    verified_goodput_per_s: float = 0.0
+    """Tasks completed within their deadline with an accepted outcome, per second."""
     held_attainment: float | None = None
     """The attainment the plan holds to the target: the overall one, or a targeted
     tenant's shifted by its target's distance from the overall target where that is
@@ -151,6 +153,7 @@ def sweep_point(
         slo_attainment=result.slo.attainment,
         goodput_per_s=result.slo.goodput_per_s,
         task_attainment=result.slo.task_attainment,
+        verified_goodput_per_s=result.slo.verified_goodput_per_s,
         ttft_p99_s=result.latencies.ttft.p99_s,
         tpot_p99_s=result.latencies.tpot.p99_s,
         e2e_p99_s=result.latencies.e2e.p99_s,

@@ -25,7 +25,7 @@ after another, from ``tool_service_s[call_tool_first : call_tool_first + call_to
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +61,7 @@ _ClassCalls = tuple[
     IntArray,
     IntArray,
     FloatArray,
+    npt.NDArray[np.bool_],
 ]
 """What :func:`_class_calls` returns (see its docstring)."""
 
@@ -146,6 +147,11 @@ class CompiledWorkload:
     prefix_hash_ids: tuple[tuple[IntArray, int], ...] = ()
     """Prefix-block ids of replayed trace rows (Mooncake ``hash_ids``) and the tokens each
     id covers; the engine maps them to its own blocks (``kv.expand_block_hashes``)."""
+    task_accepted: npt.NDArray[np.bool_] = field(
+        default_factory=lambda: np.empty(0, dtype=np.bool_)
+    )
+    """Per task: whether its last attempt's outcome is accepted (its class's
+    ``acceptance_probability``, drawn once; empty: every outcome is)."""
 
     @property
     def num_tasks(self) -> int:
@@ -242,6 +248,8 @@ class _SourceTasks:
     tool_service_s: FloatArray
     prefix_hash_ids: tuple[tuple[IntArray, int], ...] = ()
     """The replayed trace's prefix-block ids and their block size in tokens, by row."""
+    accepted: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
+    """Per task: whether its last attempt's outcome is accepted."""
 
 
 def _shares(names: tuple[str, ...], shares: Mapping[str, float]) -> FloatArray:
@@ -329,12 +337,14 @@ def _class_calls(
     the class's tool-call service times (indexed by the per-call ``tool_first``)."""
     cls = spec.classes[cls_name]
     key = f"{source.name}/{cls_name}"
+    accepted = np.ones(n_tasks, dtype=np.bool_)
     if trace_tokens is not None:
         steps = np.ones(n_tasks, dtype=np.int64)
     else:
         steps = distributions.whole_counts(
             cls.calls, n_tasks, stream(seed, f"calls/{key}"), minimum=1
         )
+        steps, accepted = _attempted_steps(cls, steps, stream(seed, f"accept/{key}"))
     num_calls = steps * cls.parallel_branches
     owner, position = _call_layout(num_calls)
     step = position // cls.parallel_branches
@@ -362,7 +372,26 @@ def _class_calls(
     if service is not None:
         tool_first = (np.cumsum(step_count) - step_count)[step_index]
         tool_first[tool_count == 0] = -1
-    return steps, num_calls, inp, out, step, branch, tool_after, tool_count, tool_first, service_s
+    return (
+        steps, num_calls, inp, out, step, branch, tool_after, tool_count, tool_first, service_s,
+        accepted,
+    )  # fmt: skip
+
+
+def _attempted_steps(
+    cls: TaskClass, steps: IntArray, rng: np.random.Generator
+) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """Steps of each task with its verification calls and its attempts (a rejected
+    outcome runs the task again, up to ``max_task_attempts``); and whether its last
+    attempt's outcome was accepted. The attempts until the first acceptance are
+    geometric in ``acceptance_probability``, drawn once per task (seeded)."""
+    per_attempt = steps + cls.verification_calls
+    p = cls.acceptance_probability
+    if p >= 1.0:
+        return per_attempt, np.ones(steps.size, dtype=np.bool_)
+    tries = rng.geometric(p, steps.size).astype(np.int64)
+    attempts = np.minimum(tries, cls.max_task_attempts)
+    return per_attempt * attempts, tries <= cls.max_task_attempts
 
 
 def _source_tasks(
@@ -402,6 +431,7 @@ def _source_tasks(
     )
     num_steps = np.zeros(n, dtype=np.int64)
     num_calls = np.zeros(n, dtype=np.int64)
+    accepted = np.ones(n, dtype=np.bool_)
     per_class: dict[int, tuple[IntArray, ...]] = {}
     tools: dict[int, FloatArray] = {}
     service_times: list[FloatArray] = []
@@ -417,10 +447,10 @@ def _source_tasks(
                 np.maximum(trace.input_tokens[rows].astype(np.int64), 1),
                 np.maximum(trace.output_tokens[rows].astype(np.int64), 1),
             )
-        steps, calls, inp, out, step, branch, tool_after, tool_count, tool_first, svc_s = (
+        steps, calls, inp, out, step, branch, tool_after, tool_count, tool_first, svc_s, ok = (
             _class_calls(spec, source, cls_name, idx.size, seed, tokens)
         )
-        num_steps[idx], num_calls[idx] = steps, calls
+        num_steps[idx], num_calls[idx], accepted[idx] = steps, calls, ok
         row = np.full(int(calls.sum()), -1, dtype=np.int64)
         if tokens is not None and trace_rows is not None:
             row = trace_rows[idx]  # one call per task (validated: no branches)
@@ -442,6 +472,7 @@ def _source_tasks(
         route_names,
     )
     assembled.tool_service_s = np.concatenate([np.zeros(0), *service_times])
+    assembled.accepted = accepted
     if use_trace_tokens and trace is not None and trace.hash_ids is not None:
         block_tokens = trace.hash_block_tokens or 512
         assembled.prefix_hash_ids = tuple((ids, block_tokens) for ids in trace.hash_ids)
@@ -611,6 +642,7 @@ def compile_workload(
         tool_service_s=np.concatenate([p.tool_service_s for p in parts]).astype(np.float64),
         call_prefix_row=cat_calls("trace_row").astype(np.int64),
         prefix_hash_ids=tuple(ids for p in parts for ids in p.prefix_hash_ids),
+        task_accepted=np.concatenate([p.accepted for p in parts])[order],
     )
 
 
@@ -640,7 +672,9 @@ def check_size(spec: WorkloadSpec, duration_s: float) -> None:
     :data:`MAX_EXPECTED_CALLS` (rates × duration × calls per task)."""
     calls_per_task = max(
         (
-            max(distributions.mean(c.calls), 1.0) * c.parallel_branches
+            (max(distributions.mean(c.calls), 1.0) + c.verification_calls)
+            * c.expected_attempts
+            * c.parallel_branches
             for c in spec.classes.values()
         ),
         default=1.0,

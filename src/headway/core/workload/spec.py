@@ -592,6 +592,27 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
     idempotent: bool = True
     """Whether a call may be retried safely (a refund is not)."""
 
+    verification_calls: int = 0
+    """Calls after the task's own that check its result (drawn like its other calls);
+    seed 002's verified outcome: an answer counts once something accepted it."""
+
+    acceptance_probability: float = 1.0
+    """The chance a finished task's outcome is accepted (its verification passes). A
+    rejected outcome is retried (its calls and verification again, up to
+    ``max_task_attempts`` in all); only an accepted outcome within the task's deadline
+    counts as verified-outcome goodput."""
+
+    max_task_attempts: int = 1
+    """Attempts at the task in all when outcomes are rejected (1: a rejected outcome is
+    not retried)."""
+
+    @property
+    def expected_attempts(self) -> float:
+        """Mean attempts per task: 1 + (1 − p) + ... + (1 − p)^(m − 1) for acceptance
+        probability p and at most m attempts."""
+        q = 1.0 - self.acceptance_probability
+        return sum(q**k for k in range(self.max_task_attempts))
+
     def __post_init__(self) -> None:
         for name in ("calls", "tools_per_call", "tool_latency_s", "input_tokens", "output_tokens"):
             _check_bare(name, getattr(self, name))
@@ -603,6 +624,19 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
             math.isfinite(self.cancel_losers_after_s) and self.cancel_losers_after_s >= 0,
             f"`cancel_losers_after_s` must be a finite number of seconds >= 0 (got "
             f"{self.cancel_losers_after_s})",
+        )
+        _require(
+            0 <= self.verification_calls <= 16,
+            f"`verification_calls` must be between 0 and 16 (got {self.verification_calls})",
+        )
+        _require(
+            0 < self.acceptance_probability <= 1,
+            f"`acceptance_probability` must be in (0, 1] (got {self.acceptance_probability}); "
+            "write 0.8 for 80% of outcomes accepted",
+        )
+        _require(
+            1 <= self.max_task_attempts <= 10,
+            f"`max_task_attempts` must be between 1 and 10 (got {self.max_task_attempts})",
         )
         _require(
             self.cancel_losers_after_s == 0 or self.branch_join == "first",

@@ -73,6 +73,15 @@ def validate_workload(spec: WorkloadSpec) -> WorkloadSpec:
                     )
         if isinstance(source.arrivals, TraceReplay) and source.arrivals.lengths == "trace":
             for ref in source.mix or spec.classes:
+                cls = spec.classes.get(ref)
+                if cls is not None and (cls.verification_calls or cls.acceptance_probability < 1):
+                    raise WorkloadError(
+                        f"{path}.mix.{ref}: class `{ref}` verifies its outcomes "
+                        "(verification_calls, acceptance_probability), but each row of a "
+                        "replayed trace is one call; use `lengths: class` for this source, "
+                        "or a class without them",
+                        path=f"{path}.mix.{ref}",
+                    )
                 branches = spec.classes[ref].parallel_branches if ref in spec.classes else 1
                 if branches != 1:
                     raise WorkloadError(

@@ -82,6 +82,14 @@ def test_report_has_bad_day_matrix_and_no_network_urls(report: Path) -> None:
     assert page.count('class="plot"') >= len(PLOTS)
 
 
+def test_report_puts_energy_beside_cost(report: Path) -> None:
+    """Issue 19, deliverable 7: joules per SLO-satisfying request and per verified outcome
+    in the cost section (the H100 catalog's board power)."""
+    page = report.read_text(encoding="utf-8")
+    cost = page[page.index("<h2>Cost</h2>") :]
+    assert "J</b> per SLO-satisfying request" in cost and "J per verified outcome" in cost
+
+
 def test_report_leads_with_the_three_numbers(report: Path, tmp_path: Path) -> None:
     """Issue 19, deliverable 5: offered load, SLO goodput and verified-outcome goodput
     side by side over the sweep, the first section after the summary."""

@@ -103,6 +103,9 @@ class Replay(msgspec.Struct, frozen=True, kw_only=True):
     amplification: float
     wasted_fraction: float = 0.0
     """Of the tokens the engines processed, the share no answer came of."""
+    joules_per_slo_request: float | None = None
+    joules_per_verified_outcome: float | None = None
+    """Energy per call that met its SLO and per verified outcome (None: not known)."""
     little: list[Little] = msgspec.field(default_factory=list)
     """Little's law at every boundary of the run (the instrumentation's own check)."""
 
@@ -210,4 +213,8 @@ def run_replay(task: PointTask, traces: Mapping[str, TraceData] | None = None) -
         amplification=r.accounting.amplification,
         little=r.little_boundaries,
         wasted_fraction=0.0 if r.work is None else r.work.wasted_fraction,
+        joules_per_slo_request=None if r.energy is None else r.energy.joules_per_slo_request,
+        joules_per_verified_outcome=(
+            None if r.energy is None else r.energy.joules_per_verified_outcome
+        ),
     )

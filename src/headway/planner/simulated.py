@@ -146,6 +146,11 @@ class Cost(msgspec.Struct, frozen=True, kw_only=True):
     wasted_fraction: float = 0.0
     """Of the tokens the engines processed, the share no answer came of (losing branches,
     retried attempts, duplicates, cancelled calls): paid for in the cost above."""
+    joules_per_slo_request: float | None = None
+    """Energy beside cost: joules per call that met its SLO (None: a GPU's power is not
+    known)."""
+    joules_per_verified_outcome: float | None = None
+    """Joules per task completed within its deadline with an accepted outcome."""
 
 
 class SimulatedPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -439,4 +444,6 @@ def cost_of(spec: WorkloadSpec, cluster: ClusterSpec, run: Replay) -> Cost:
         successful_tasks=run.tasks_met_deadline,
         cost_per_successful_task=per_task,
         wasted_fraction=run.wasted_fraction,
+        joules_per_slo_request=run.joules_per_slo_request,
+        joules_per_verified_outcome=run.joules_per_verified_outcome,
     )

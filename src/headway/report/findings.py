@@ -550,5 +550,19 @@ def cost_section(sim: dict[str, Any]) -> str:
         f"{cost['run_s']:g} s, {cost['successful_tasks']:,} tasks within their deadline. "
         f"Wasted work: {pct(cost.get('wasted_fraction', 0.0))} of the tokens the engines "
         "processed came to no answer (losing branches, retried attempts, duplicates, "
-        "cancelled calls); the cost pays for it.</p>"
+        "cancelled calls); the cost pays for it.</p>" + _energy_line(cost)
+    )
+
+
+def _energy_line(cost: dict[str, Any]) -> str:
+    """Energy beside cost (seed 002), when the GPUs' power is known."""
+    per_request = cost.get("joules_per_slo_request")
+    if per_request is None:
+        return ""
+    per_outcome = cost.get("joules_per_verified_outcome")
+    outcome = f", {per_outcome:,.0f} J per verified outcome" if per_outcome else ""
+    return (
+        f"<p>Energy: <b>{per_request:,.0f} J</b> per SLO-satisfying request{outcome} (each "
+        "replica's GPUs at full draw while it steps, idle otherwise; the cluster file's "
+        "<code>gpu_power_w</code> replaces the catalog's).</p>"
     )

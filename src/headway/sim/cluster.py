@@ -69,6 +69,24 @@ class Disaggregation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             )
 
 
+class GpuPower(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One GPU's power draw, measured (``nvidia-smi``), to replace the catalog's."""
+
+    idle_w: float
+    """Watts drawn idle, the engine loaded."""
+    max_w: float
+    """Watts drawn stepping at full load."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.idle_w) and 0 <= self.idle_w <= self.max_w):
+            raise ValueError(
+                f"`gpu_power_w.idle_w` must be >= 0 and <= `max_w` (got {self.idle_w} and "
+                f"{self.max_w})"
+            )
+        if not (math.isfinite(self.max_w) and self.max_w > 0):
+            raise ValueError(f"`gpu_power_w.max_w` must be > 0 watts (got {self.max_w})")
+
+
 class Pool(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Replicas that serve some of the workload's routes only, with their own model, GPU
     and engine settings where given (the cluster's otherwise). Seed 000: separate queues
@@ -151,6 +169,10 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     price_per_replica_hour: float | None = None
     """What one replica costs per hour, for the cost per successful task (None: the
     workload's ``routes.<first>.replica.price_per_hour``, if any)."""
+
+    gpu_power_w: GpuPower | None = None
+    """Each GPU's power draw (idle and at full load) for the energy figures (None: the GPU
+    catalog's: its maximum board power, and an idle draw assumed from it)."""
 
     pools: dict[str, Pool] = msgspec.field(default_factory=dict)
     """Separate pools of replicas per route (empty: one pool serves every route; a
@@ -324,6 +346,19 @@ def with_replicas(spec: ClusterSpec, replicas: int) -> ClusterSpec:
         for n, c in zip(names, counts, strict=True)
     }
     return msgspec.structs.replace(spec, replicas=replicas, pools=pools)
+
+
+def replica_power_w(spec: ClusterSpec) -> tuple[float, float] | None:
+    """``(idle, full load)`` watts of one replica of ``spec`` (all its GPUs), from the
+    cluster's ``gpu_power_w`` or the GPU catalog (None: not known)."""
+    if spec.gpu_power_w is not None:
+        idle, full = spec.gpu_power_w.idle_w, spec.gpu_power_w.max_w
+    else:
+        power = get_gpu(spec.gpu).power_w
+        if power is None:
+            return None
+        idle, full = power
+    return idle * spec.tensor_parallel, full * spec.tensor_parallel
 
 
 def resolve_model_gpu(spec: ClusterSpec) -> tuple[ModelSpec, GpuSpec]:

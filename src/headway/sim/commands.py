@@ -151,6 +151,13 @@ def _print_result(r: SimResult, wall_s: float) -> None:
         f"output tok/s; preemptions {r.engine.preemptions}; simulated in {wall_s:.2f} s "
         f"({r.engine.steps:,} steps, {r.engine.steps_skipped:,} skipped)"
     )
+    if r.energy is not None and r.energy.joules_per_slo_request is not None:
+        per_outcome = r.energy.joules_per_verified_outcome
+        console.print(
+            f"Energy: {r.energy.energy_j / 3.6e6:,.2f} kWh (mean {r.energy.mean_power_w:,.0f} W); "
+            f"{r.energy.joules_per_slo_request:,.0f} J per SLO-satisfying request"
+            + (f", {per_outcome:,.0f} J per verified outcome" if per_outcome else "")
+        )
     if r.work is not None and r.work.wasted_tokens:
         losing = (
             f", {r.slo.losing_branches:,} losing branches (left out of attainment) "

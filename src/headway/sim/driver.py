@@ -22,6 +22,7 @@ class ReplicaDriver:
 
     __slots__ = (
         "alive",
+        "busy_s",
         "draining",
         "index",
         "model",
@@ -51,6 +52,8 @@ class ReplicaDriver:
         self.run_steps = 0
         """In state ``RUN``: the steps the pending decode run has planned."""
         self.pending_finished: tuple[int, ...] = ()
+        self.busy_s = 0.0
+        """Seconds it spent stepping (its GPUs at work; the rest of its time they idle)."""
         self.outstanding_requests = 0
         self.outstanding_tokens = 0
         self.revision: str | None = None

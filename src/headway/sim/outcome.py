@@ -157,6 +157,10 @@ class SimOutcome:
     kv_transfer_s_total: float = 0.0
     """With disaggregation: their seconds, summed (a transfer cancelled midway counts
     whole: the link was committed to it)."""
+    replica_up_s: list[float] = field(default_factory=list)
+    """Per replica: seconds it was provisioned (from its start to its stop or the end)."""
+    replica_busy_s: list[float] = field(default_factory=list)
+    """Per replica: seconds of those it spent stepping."""
     replica_stays: FloatArray = field(default_factory=lambda: np.empty((0, len(STAY_COLUMNS))))
     """Every stay of a request in an engine, a row of :data:`STAY_COLUMNS` each: retried
     attempts, clients' duplicates and losing copies included (the call records keep one

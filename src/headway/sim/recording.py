@@ -117,6 +117,10 @@ class Recording(SimState):
             replica_s=sum(
                 (now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers
             ),
+            replica_up_s=[
+                (now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers
+            ],
+            replica_busy_s=[d.busy_s for d in self.drivers],
             replicas_provisioned_max=max(
                 [self._initial_replicas] + [n for _, n in self._scale_events]
             ),

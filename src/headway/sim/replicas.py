@@ -171,6 +171,7 @@ class ReplicaStepping(Recording):
         m = min(max(m, 1), num_steps)
         applied = driver.model.advance_decode_steps(start_s, m)
         self._record_run(applied)
+        driver.busy_s += applied.end_s - applied.start_s
         self._num_skipped += m - 1
         driver.state = STEP
         driver.step_result = None
@@ -184,6 +185,7 @@ class ReplicaStepping(Recording):
         if driver.state == RUN:
             run = model.advance_decode_steps(driver.run_start_s, driver.run_steps)
             self._record_run(run)
+            driver.busy_s += run.end_s - run.start_s
             self._num_skipped += run.num_steps - 1
             finished = cast("tuple[int, ...]", run.finished_ids)
         elif driver.step_result is not None:
@@ -220,6 +222,7 @@ class ReplicaStepping(Recording):
         result = model.step(now)
         self._num_steps += 1
         self._record_step(result)
+        driver.busy_s += result.end_s - result.start_s
         driver.state = STEP
         driver.step_result = result
         if result.is_empty and not model.num_running:

@@ -8,6 +8,7 @@ and queue lengths over time; the Little's-law check at the replica boundary.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -93,6 +94,21 @@ class Slo(msgspec.Struct, frozen=True, kw_only=True):
     ``attainment``; their work is in ``work.losing_branch_tokens``)."""
     tasks_verified: int = 0
     """Tasks completed within their deadline with an accepted outcome."""
+
+
+class Energy(msgspec.Struct, frozen=True, kw_only=True):
+    """Energy beside cost (seed 002: "cost and power per SLO-satisfying request"): each
+    replica's GPUs at full draw while it steps, idle the rest of its provisioned time (an
+    upper bound while it steps with small batches)."""
+
+    energy_j: float
+    """Joules over the run, every replica."""
+    mean_power_w: float
+    """``energy_j`` over the run's length."""
+    joules_per_slo_request: float | None
+    """Per call that met its SLO (None: none did)."""
+    joules_per_verified_outcome: float | None
+    """Per task completed within its deadline with an accepted outcome (None: none)."""
 
 
 class Work(msgspec.Struct, frozen=True, kw_only=True):
@@ -257,6 +273,9 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     accounting: Accounting
     work: Work | None = None
     """The engines' work and the share of it wasted (None: a result from before it)."""
+    energy: Energy | None = None
+    """Joules per SLO-satisfying request and per verified outcome (None: a GPU's power
+    is not known)."""
 
 
 def _accounting(out: SimOutcome) -> Accounting:
@@ -332,7 +351,13 @@ def _latencies(
     )
 
 
-def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> SimResult:
+def build_result(
+    w: CompiledWorkload,
+    out: SimOutcome,
+    num_replicas: int,
+    *,
+    replica_power_w: Sequence[tuple[float, float]] | None = None,
+) -> SimResult:
     """The summary of a finished simulation.
 
     Latencies run from the call's arrival at the gateway (without one, its dispatch), so
@@ -520,6 +545,7 @@ def build_result(w: CompiledWorkload, out: SimOutcome, num_replicas: int) -> Sim
         ),
         accounting=_accounting(out),
         work=_work(out, c.lost_race),
+        energy=_energy(out, replica_power_w, int(met.sum()), int(verified.sum())),
     )
 
 
@@ -531,6 +557,23 @@ def _little(check: LittleCheck) -> Little:
         mean_time_in_system_s=check.mean_time_in_system_s,
         lambda_w=check.lambda_w,
         relative_mismatch=check.relative_mismatch,
+    )
+
+
+def _energy(
+    out: SimOutcome, power_w: Sequence[tuple[float, float]] | None, met: int, verified: int
+) -> Energy | None:
+    """Each replica's idle draw over its provisioned time, plus its extra draw at full load
+    over the time it stepped (``power_w``: per replica, idle and full watts)."""
+    if power_w is None or len(power_w) != len(out.replica_up_s):
+        return None
+    times = zip(power_w, out.replica_up_s, out.replica_busy_s, strict=True)
+    energy_j = sum(idle * up + (full - idle) * busy for (idle, full), up, busy in times)
+    return Energy(
+        energy_j=energy_j,
+        mean_power_w=energy_j / out.end_s if out.end_s > 0 else 0.0,
+        joules_per_slo_request=energy_j / met if met else None,
+        joules_per_verified_outcome=energy_j / verified if verified else None,
     )
 
 

@@ -19,6 +19,7 @@ from headway.sim.cluster import (
     check_routes,
     kv_transfer_s_per_token,
     pool_cluster,
+    replica_power_w,
     resolve_model_gpu,
     step_time_model,
 )
@@ -82,7 +83,18 @@ def simulate_compiled(
         disaggregation=disaggregation,
         pools=pools,
     ).run()
-    return build_result(workload, outcome, cluster.replicas), outcome
+    if cluster.pools:
+        power = [replica_power_w(pool_cluster(cluster, n)) for n in cluster.pools]
+        counts = [p.replicas for p in cluster.pools.values()]
+        per_replica = [w for w, n in zip(power, counts, strict=True) for _ in range(n)]
+    else:
+        per_replica = [replica_power_w(cluster)] * cluster.replicas
+    # Replicas the autoscaler added are the cluster's own.
+    extra = len(outcome.replica_up_s) - len(per_replica)
+    per_replica += [replica_power_w(cluster)] * extra
+    known = None if None in per_replica else [w for w in per_replica if w is not None]
+    result = build_result(workload, outcome, cluster.replicas, replica_power_w=known)
+    return result, outcome
 
 
 def _pooled_replicas(

@@ -101,6 +101,15 @@ class GpuSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     efficiency_profile: str = "default"
     """Which fitted efficiency profile in ``headway/data/efficiency.json`` applies."""
 
+    max_power_w: float | None = None
+    """Board power at full load (the datasheet's maximum TDP), watts; None: unknown, no
+    energy figures."""
+
+    idle_power_w: float | None = None
+    """Draw when idle, watts (None: :data:`IDLE_POWER_FRACTION` of ``max_power_w``; no
+    datasheet gives it: measure it with ``nvidia-smi`` and set it in a cluster file's
+    ``gpu_power_w``)."""
+
     def __post_init__(self) -> None:
         owner = f"GpuSpec({self.name!r})"
         if not self.name.strip():
@@ -135,6 +144,27 @@ class GpuSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
             )
         if not self.efficiency_profile.strip():
             raise ValueError(f"{owner}.efficiency_profile must be a non-empty name; use 'default'")
+        for name in ("max_power_w", "idle_power_w"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(owner, name, value, "give watts, e.g. 700 for an H100 SXM")
+        if (
+            self.max_power_w is not None
+            and self.idle_power_w is not None
+            and self.idle_power_w > self.max_power_w
+        ):
+            raise ValueError(
+                f"{owner}.idle_power_w ({self.idle_power_w}) must be <= max_power_w "
+                f"({self.max_power_w}); swap them"
+            )
+
+    @property
+    def power_w(self) -> tuple[float, float] | None:
+        """``(idle, full load)`` watts of one GPU (None: its power is not known)."""
+        if self.max_power_w is None:
+            return None
+        idle = self.idle_power_w
+        return (IDLE_POWER_FRACTION * self.max_power_w if idle is None else idle), self.max_power_w
 
     @property
     def ridge_point_flop_per_byte(self) -> float:
@@ -319,6 +349,11 @@ def _check_tp(tensor_parallel: int) -> None:
 
 # -- built-in catalogs -----------------------------------------------------------------------
 
+IDLE_POWER_FRACTION = 0.15
+"""An idle GPU's draw as a share of its maximum board power when the catalog gives none
+(an assumption, not a datasheet figure: data-centre GPUs idle at roughly a tenth to a
+fifth of their TDP with the engine loaded)."""
+
 GPUS: dict[str, GpuSpec] = {
     "a100-80gb": GpuSpec(
         name="A100-80GB",
@@ -327,6 +362,7 @@ GPUS: dict[str, GpuSpec] = {
         hbm_bandwidth_bytes_per_s=2.039e12,
         interconnect_bandwidth_bytes_per_s=600e9,
         efficiency_profile="a100",
+        max_power_w=400,
     ),
     "h100-sxm": GpuSpec(
         name="H100-SXM",
@@ -336,6 +372,7 @@ GPUS: dict[str, GpuSpec] = {
         hbm_bandwidth_bytes_per_s=3.35e12,
         interconnect_bandwidth_bytes_per_s=900e9,
         efficiency_profile="h100",
+        max_power_w=700,
     ),
     "h200": GpuSpec(
         name="H200",
@@ -345,6 +382,7 @@ GPUS: dict[str, GpuSpec] = {
         hbm_bandwidth_bytes_per_s=4.8e12,
         interconnect_bandwidth_bytes_per_s=900e9,
         efficiency_profile="h100",
+        max_power_w=700,
     ),
     "l40s": GpuSpec(
         name="L40S",
@@ -354,6 +392,7 @@ GPUS: dict[str, GpuSpec] = {
         hbm_bandwidth_bytes_per_s=864e9,
         interconnect_bandwidth_bytes_per_s=64e9,
         efficiency_profile="default",
+        max_power_w=350,
     ),
     "b200": GpuSpec(
         name="B200",
@@ -363,6 +402,7 @@ GPUS: dict[str, GpuSpec] = {
         hbm_bandwidth_bytes_per_s=8e12,
         interconnect_bandwidth_bytes_per_s=1.8e12,
         efficiency_profile="h100",
+        max_power_w=1000,
     ),
 }
 """Built-in GPUs by canonical name. H200 and B200 borrow the H100's fitted efficiencies and

@@ -232,6 +232,11 @@ GATEWAY: tuple[MetricSpec, ...] = (
                "Time from arrival to dispatch of a dispatched request, by tenant (0 when a "
                "slot was free at once).", GATEWAY_TTFT_BUCKETS_S, "tenant"),
     _gauge("headway_gateway_queue_depth_requests", "Requests waiting, by band.", "band"),
+    _gauge("headway_gateway_requests_in_system",
+           "Requests offered and not yet ended (queued or in flight): Little's L."),
+    _histogram("headway_gateway_request_duration_seconds",
+               "Time from offer to end of every offered request (shed ones too): Little's W.",
+               VLLM_REQUEST_BUCKETS_S),
     _gauge("headway_gateway_tenant_queue_depth_requests", "Requests waiting, by tenant.",
            "tenant"),
     _gauge("headway_gateway_tenant_dispatched_requests",

@@ -171,6 +171,26 @@ def little_check(
     return LittleCheck(boundary, mean_l, arrivals / span, held_s / arrivals if arrivals else 0.0)
 
 
+def little_from_counters(
+    boundary: str,
+    *,
+    window_s: float,
+    arrivals: float,
+    ended: float,
+    time_in_system_s: float,
+    mean_in_system: float,
+) -> LittleCheck:
+    """Little's law over a scrape window from a server's own counters: λ = requests
+    offered in the window / its length (the offered counter's increase), W = the time
+    the requests that ended in it spent inside / their number (a duration histogram's
+    ``_sum`` and ``_count`` increases), against L = the in-system gauge's mean over the
+    window. Exact up to the gauge's sampling when the window starts and ends with nothing
+    inside; requests straddling an edge otherwise make the difference."""
+    lam = arrivals / window_s if window_s > 0 else math.nan
+    w = time_in_system_s / ended if ended > 0 else 0.0
+    return LittleCheck(boundary, mean_in_system, lam, w)
+
+
 def task_deadlines_s(
     deadline_by_class: Sequence[float | None], task_class: npt.NDArray[np.int64]
 ) -> FloatArray:

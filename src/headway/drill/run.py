@@ -20,6 +20,7 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
+from headway.core.metrics import little_from_counters
 from headway.drill.load import STATES, LoadRun
 from headway.drill.observe import Metrics, rss_mb, scrape, scrape_all
 from headway.drill.spec import Drill, Fault
@@ -107,6 +108,7 @@ class _Sampler:
         self.interval_s = interval_s
         self.series: dict[str, list[float]] = {
             "t_s": [], "kv_usage": [], "engine_running": [], "rss_mb": [], "shared_healthy": [],
+            "gateway_in_system": [],
         }  # fmt: skip
         self.start = time.monotonic()
 
@@ -128,6 +130,9 @@ class _Sampler:
                 if "headway_gateway_shared_budgets_healthy" in m.samples
             ]
             s["shared_healthy"].append(min(healthy) if healthy else math.nan)
+            s["gateway_in_system"].append(
+                sum(m.total("headway_gateway_requests_in_system") for m in gateways)
+            )
             await asyncio.sleep(self.interval_s)
 
 
@@ -329,6 +334,7 @@ async def run_drill(
         first_key = next(iter(stack.keys.values()))
         model = await _discover_model(session, stack.gateway_urls[0], first_key)
         gw_before = await _gateway_metrics(session, stack)
+        window_start = time.monotonic()
         eng_before = await scrape_all(session, stack.engine_urls)
         spec = drill.load
         if stack.keys:
@@ -384,6 +390,7 @@ async def run_drill(
                 break
             await asyncio.sleep(0.1)
         gw_after = await _gateway_metrics(session, stack)
+        figures.update(_gateway_little(sampler, gw_before, gw_after, window_start))
         versions = await asyncio.gather(*(_version(session, u) for u in stack.engine_urls))
         if versions:
             figures["serving_fingerprints_distinct"] = float(len(set(versions)))
@@ -418,6 +425,35 @@ async def _version(session: aiohttp.ClientSession, url: str) -> str:
             return msgspec.json.encode(data, order="sorted").decode()
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
         return ""
+
+
+def _gateway_little(
+    sampler: _Sampler, before: list[Metrics], after: list[Metrics], window_start: float
+) -> dict[str, float]:
+    """Little's law at the gateways over the drill, from their own /metrics: the
+    in-system gauge the sampler read (its time-average over the window, nothing inside
+    outside the sampled span: the load had drained) against λW from the offered counter
+    and the duration histogram (``gateway_little_mismatch``; NaN without those metrics)."""
+    t, n = sampler.series["t_s"], sampler.series["gateway_in_system"]
+    window_s = time.monotonic() - window_start
+    name = "headway_gateway_request_duration_seconds"
+    ended = _delta(after, before, f"{name}_count")
+    if len(t) < 2 or window_s <= 0 or not ended:
+        return {"gateway_little_mismatch": math.nan}
+    area = sum((t[i + 1] - t[i]) * (n[i] + n[i + 1]) / 2 for i in range(len(t) - 1))
+    check = little_from_counters(
+        "gateway",
+        window_s=window_s,
+        arrivals=_delta(after, before, "headway_gateway_requests_offered_total"),
+        ended=ended,
+        time_in_system_s=_delta(after, before, f"{name}_sum"),
+        mean_in_system=area / window_s,
+    )
+    return {
+        "gateway_little_mismatch": check.relative_mismatch,
+        "gateway_mean_in_system": check.mean_in_system,
+        "gateway_lambda_w": check.lambda_w,
+    }
 
 
 def _figures(

@@ -80,6 +80,8 @@ REASON_HEADER: Final = "x-headway-shed-reason"
 ANONYMOUS: Final = "anonymous"
 _REQUEST_ID: Final = web.RequestKey("request_id", str)
 _ROUTE: Final = web.RequestKey("route", str)
+_OFFERED_AT: Final = web.RequestKey("offered_at", float)
+"""When the request was offered (parsed, counted): its time in the system starts."""
 _STREAM: Final = web.RequestKey("stream", web.StreamResponse)
 REVISION_HEADER: Final = "x-headway-revision"
 ROUTE_HEADER: Final = "x-headway-route"
@@ -315,6 +317,9 @@ class GatewayServer:
         self.m_fallbacks = metrics.counter_series("headway_gateway_fallbacks_total")
         self.m_upstream_errors = metrics.counter_series("headway_gateway_upstream_errors_total")
         self.m_completed = metrics.counter_series("headway_gateway_completed_total")
+        self.m_duration = metrics.histogram("headway_gateway_request_duration_seconds")
+        self.in_system = 0
+        """Requests offered and not yet ended (``headway_gateway_requests_in_system``)."""
         self.m_good = metrics.counter_series("headway_gateway_goodput_requests_total")
         self.m_tokens = metrics.counter_series("headway_gateway_completion_tokens_total")
         self.m_client_errors = metrics.counter_series("headway_gateway_client_errors_total")
@@ -347,6 +352,7 @@ class GatewayServer:
         read("headway_gateway_tenant_dispatched_requests",
              lambda: [((t,), float(n)) for t, n in ctl.dispatched_by.items()])  # fmt: skip
         value("headway_gateway_slot_share_holds", lambda: float(ctl.capped))
+        value("headway_gateway_requests_in_system", lambda: float(self.in_system))
         value("headway_gateway_retry_budget_left", budget_left)
         value("headway_gateway_tpot_seconds", lambda: ctl.tpot_s() or 0.0)
         read("headway_gateway_upstream_outstanding_requests", outstanding)
@@ -535,6 +541,10 @@ class GatewayServer:
         finally:
             if record.status == 0:
                 record.status = 500
+            offered_at = request.get(_OFFERED_AT)
+            if offered_at is not None:  # it was offered: it ends here, whatever the outcome
+                self.in_system -= 1
+                self.m_duration.observe(time.monotonic() - offered_at)
             finish(record, self.tracer)
 
     async def _generate_recorded(
@@ -560,6 +570,8 @@ class GatewayServer:
         body = parsed.body
         ctl = self.controller
         self.m_offered(parsed.tenant_name).inc()
+        self.in_system += 1
+        request[_OFFERED_AT] = time.monotonic()
         record.tenant = parsed.tenant_name
         record.band = parsed.band
         record.model = body.model

@@ -1,0 +1,85 @@
+"""Little's law from the gateway's own /metrics (issue 19, result 1: "computed from ...
+the gateway's own measurements"): over a window that starts and ends with nothing
+inside, the in-system gauge's time-average (L) equals the offered rate (λ, the offered
+counter) times the mean time in the gateway (W, the duration histogram), within the
+gauge's sampling."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from headway.core.metrics import little_from_counters
+from headway.drill.observe import Metrics
+from headway.emulate.process import EmulatorProcess
+from headway.gateway.process import GatewayProcess
+
+KEY = "key-acme"
+
+
+def _metrics(url: str) -> Metrics:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        return Metrics(resp.read().decode())
+
+
+def _post(url: str, max_tokens: int) -> int:
+    body = {"model": "llama-3-8b", "prompt": "queues", "max_tokens": max_tokens,
+            "ignore_eos": True}  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        resp.read()
+        return int(resp.status)
+
+
+def test_the_gateways_own_counters_satisfy_littles_law() -> None:
+    config = {"tenants": {KEY: {"name": "acme"}}, "metrics_public": True}
+    with (
+        EmulatorProcess(["--speedup", "4", "--model", "llama-3-8b"]) as emulator,
+        GatewayProcess({"upstreams": [{"url": emulator.url}], **config}) as gateway,
+    ):
+        before = _metrics(gateway.url)
+        start = time.monotonic()
+        samples: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                at = time.monotonic() - start
+                n = _metrics(gateway.url).total("headway_gateway_requests_in_system")
+                samples.append((at, n))
+                stop.wait(0.02)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda i: _post(gateway.url, 20 + 10 * (i % 5)), range(48)))
+        stop.set()
+        sampler.join()
+        after = _metrics(gateway.url)
+        window_s = time.monotonic() - start
+    assert set(codes) == {200}
+    assert after.total("headway_gateway_requests_in_system") == 0
+    area = sum((t1 - t0) * (n0 + n1) / 2 for (t0, n0), (t1, n1) in itertools.pairwise(samples))
+    name = "headway_gateway_request_duration_seconds"
+
+    def delta(metric: str) -> float:
+        return after.total(metric) - before.total(metric)
+
+    check = little_from_counters(
+        "gateway",
+        window_s=window_s,
+        arrivals=delta("headway_gateway_requests_offered_total"),
+        ended=delta(f"{name}_count"),
+        time_in_system_s=delta(f"{name}_sum"),
+        mean_in_system=area / window_s,
+    )
+    assert delta("headway_gateway_requests_offered_total") == delta(f"{name}_count") == 48
+    assert check.mean_in_system > 2  # the load overlapped
+    assert check.relative_mismatch < 0.05, check

@@ -52,3 +52,23 @@ def test_bench_reads_the_emulators_streams(endpoint: str, tmp_path: Path, emulat
     assert np.array_equal(r.token_events, r.completion_tokens)
     assert (r.prompt_tokens >= w.call_input_tokens * 0.8).all()
     assert (r.first_token_s > r.sent_s).all() and (r.end_s >= r.last_token_s).all()
+
+
+def test_bench_checks_littles_law_at_the_client(tmp_path: Path) -> None:
+    """Issue 19, result 1 (bench's own measurements): the senders' live count of calls on
+    the wire, sampled every 50 ms, against λW from the records over the same span (calls
+    of about a second: an engine at real speed)."""
+    from headway.emulate.process import EmulatorProcess
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text(
+        "name: emu\nseed: 5\nduration_s: 3\n"
+        "classes: {c: {input_tokens: 200, output_tokens: {dist: lognormal, mean: 40, cv: 0.5}}}\n"
+        "sources: [{name: s, arrivals: {process: poisson, rate_per_s: 10}}]\n"
+    )
+    bench_input = load_input(str(workload), TraceOptions(), SloOverride(), None)
+    with EmulatorProcess(["--speedup", "1"]) as emulator:
+        run = run_bench(bench_input, BenchOptions(target=parse_target(emulator.url)))
+    little = run.result.little
+    assert little is not None and little.mean_in_system > 3, little
+    assert little.relative_mismatch < 0.05, little

@@ -24,7 +24,14 @@ from headway.bench.records import CallRecords
 from headway.bench.run import LoopKind, default_workers, run_plans
 from headway.bench.schedule import peak_rate_per_s, shard_plans
 from headway.bench.sender import SendSettings
-from headway.bench.summary import BenchResult, Budgets, Cost, Outcomes, count_outcomes
+from headway.bench.summary import (
+    BenchResult,
+    Budgets,
+    Cost,
+    Outcomes,
+    client_little,
+    count_outcomes,
+)
 from headway.bench.summary import summarize_run as _summarize
 from headway.core.errors import ConfigError
 from headway.core.workload.compile import CompiledWorkload, compile_workload
@@ -279,4 +286,6 @@ def run_bench(bench_input: BenchInput, options: BenchOptions, load_factor: float
         budgets=options.budgets,
         exact_prompts=encoder.vocabulary is not None,
     )
+    little = client_little(outcome.records, outcome.stats.in_flight_s, outcome.stats.sampled_s)
+    result = msgspec.structs.replace(result, little=little)
     return BenchRun(result, w, outcome.records)

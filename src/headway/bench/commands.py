@@ -268,6 +268,11 @@ def _text(r: Any) -> str:
         f"  generator: {cost.workers} worker(s), {cost.loop}, "
         f"{cost.cpu_ms_per_request or 0:.3f} ms CPU/request, startup {cost.startup_s:.2f} s",
     ]
+    if r.little is not None:
+        lines.append(
+            f"  Little's law at the client: L {r.little.mean_in_system:.2f} sampled, λW "
+            f"{r.little.lambda_w:.2f} from the records ({r.little.relative_mismatch:.1%})"
+        )
     for c in r.checks:
         mark = "ok" if c.passed else "FAILED"
         lines.append(f"  check {c.name}: {c.value if c.value is not None else '—'} "

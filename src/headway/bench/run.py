@@ -142,6 +142,8 @@ def _merge_stats(stats: list[ShardStats]) -> ShardStats:
         connect_errors=sum(s.connect_errors for s in stats),
         resent=sum(s.resent for s in stats),
         max_open=sum(s.max_open for s in stats),
+        in_flight_s=sum(s.in_flight_s for s in stats),
+        sampled_s=max((s.sampled_s for s in stats), default=0.0),
     )
 
 

@@ -48,6 +48,10 @@ class SendSettings:
     early, which would make the pacer spin until the due time."""
 
 
+IN_FLIGHT_SAMPLE_S = 0.05
+"""How often a sender samples its calls in flight (for the Little's-law check)."""
+
+
 @dataclass(slots=True)
 class ShardStats:
     """Counters of one shard's connections."""
@@ -56,6 +60,11 @@ class ShardStats:
     connect_errors: int = 0
     resent: int = 0
     max_open: int = 0
+    in_flight_s: float = 0.0
+    """Calls on the wire (sent, not ended) integrated over the run, from the sender's own
+    count sampled every :data:`IN_FLIGHT_SAMPLE_S`: Little's L, independent of the records."""
+    sampled_s: float = 0.0
+    """The span those samples cover, from ``t0``."""
 
 
 class Sender:
@@ -298,17 +307,32 @@ class Sender:
             while self.waiting and now - cols.scheduled_s[self.waiting[0]] > s.request_timeout_s:
                 self._finished(self.waiting.popleft(), TIMEOUT)
 
+    async def _sample_in_flight(self) -> None:
+        """Integrate the calls on the wire (busy connections) over time, in steps of
+        :data:`IN_FLIGHT_SAMPLE_S` (each sample holds until the next)."""
+        stats = self.stats
+        await asyncio.sleep(max(self.t0 - _now(), 0.0))
+        last = self.t0
+        while True:
+            now = _now()
+            stats.in_flight_s += len(self.busy) * (now - last)
+            stats.sampled_s = now - self.t0
+            last = now
+            await asyncio.sleep(IN_FLIGHT_SAMPLE_S)
+
     async def run(self, t0: float) -> Columns:
         """Send the shard's schedule, starting at monotonic time ``t0``; wait for the end."""
         self.t0 = t0
         if self.unfinished == 0:
             return self.cols
         watcher = self.loop.create_task(self._watch_timeouts())
+        sampler = self.loop.create_task(self._sample_in_flight())
         try:
             await self._pace()
             await self.done
         finally:
             watcher.cancel()
+            sampler.cancel()
             for conn in [*self.idle, *self.busy]:
                 if conn.transport is not None:
                     conn.transport.abort()

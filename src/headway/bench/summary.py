@@ -17,9 +17,11 @@ import numpy.typing as npt
 from headway.bench.records import ERRORS, OK, CallRecords
 from headway.core.metrics import (
     LatencySummary,
+    LittleCheck,
     meets_slo,
     summarize,
     task_deadlines_s,
+    time_inside_s,
     tpot_s,
 )
 from headway.core.workload.compile import CompiledWorkload
@@ -145,6 +147,40 @@ class Outcomes(msgspec.Struct, frozen=True, kw_only=True):
     max_open_connections: int
 
 
+class Little(msgspec.Struct, frozen=True, kw_only=True):
+    """Little's law at the client (calls on the wire: sent, not ended), over the span the
+    senders sampled: their own count of calls in flight (L, sampled every 50 ms) against
+    λW from the records (a mismatch says the records and the live count disagree)."""
+
+    mean_in_system: float
+    arrival_rate_per_s: float
+    mean_time_in_system_s: float
+    lambda_w: float
+    relative_mismatch: float
+
+
+def client_little(r: CallRecords, in_flight_s: float, sampled_s: float) -> Little | None:
+    """The check over ``[0, sampled_s]`` (None: nothing was sampled)."""
+    if sampled_s <= 0:
+        return None
+    sent = np.isfinite(r.sent_s) & (r.sent_s >= 0) & (r.sent_s <= sampled_s)
+    held_s = float(time_inside_s(r.sent_s, r.end_s, 0.0, sampled_s).sum())
+    arrivals = int(sent.sum())
+    check = LittleCheck(
+        "client (calls on the wire)",
+        in_flight_s / sampled_s,
+        arrivals / sampled_s,
+        held_s / arrivals if arrivals else 0.0,
+    )
+    return Little(
+        mean_in_system=check.mean_in_system,
+        arrival_rate_per_s=check.arrival_rate_per_s,
+        mean_time_in_system_s=check.mean_time_in_system_s,
+        lambda_w=check.lambda_w,
+        relative_mismatch=check.relative_mismatch,
+    )
+
+
 class Cost(msgspec.Struct, frozen=True, kw_only=True):
     """What the generator itself used."""
 
@@ -185,6 +221,8 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     passed: bool
     warnings: list[str] = msgspec.field(default_factory=list)
     """What the reader should know (token drift past 2%)."""
+    little: Little | None = None
+    """Little's law at the client: the senders' live count against the records."""
 
 
 def _gap_cv(times: FloatArray) -> float | None:

@@ -152,6 +152,11 @@ class SimOutcome:
     """At each timeline sample: calls offered and not yet ended (the gateway boundary)."""
     timeline_kv_blocks: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     """At each timeline sample: KV blocks held by requests, all replicas."""
+    timeline_tool_calls: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """At each timeline sample: tool calls waiting in or served by downstream services
+    (their own live count)."""
+    tool_stays_s: FloatArray = field(default_factory=lambda: np.empty((0, 2)))
+    """Every tool call's ``[enter, leave]`` in its downstream service (the records)."""
     kv_transfers: int = 0
     """With disaggregation: prompt KV transfers started (prefill to decode replica)."""
     kv_transfer_s_total: float = 0.0

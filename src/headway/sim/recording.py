@@ -91,7 +91,7 @@ class Recording(SimState):
         """The run's outcome at its end ``now``, after ``num_events`` events in
         ``loop_wall_s`` seconds of wall-clock time."""
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
-        at = np.array(self._boundary_samples) if self._boundary_samples else np.zeros((0, 3))
+        at = np.array(self._boundary_samples) if self._boundary_samples else np.zeros((0, 4))
         return SimOutcome(
             calls=self._call_records(),
             task_finish_s=self.task_finish_s,
@@ -134,6 +134,8 @@ class Recording(SimState):
             timeline_tasks=at[:, 0].astype(np.int64),
             timeline_calls=at[:, 1].astype(np.int64),
             timeline_kv_blocks=at[:, 2].astype(np.int64),
+            timeline_tool_calls=at[:, 3].astype(np.int64),
+            tool_stays_s=np.array(self._tool_stays, dtype=np.float64).reshape(-1, 2),
             kv_transfers=self._num_transfers,
             kv_transfer_s_total=self._transfer_s_total,
             replica_stays=np.array(self._replica_stays, dtype=np.float64).reshape(
@@ -319,4 +321,5 @@ class Recording(SimState):
             used += d.model.kv_usage
             blocks += d.model.scheduler.pool.num_used
         self._timeline.append((now, running, waiting, used / max(alive, 1)))
-        self._boundary_samples.append((self._live_tasks, self._live_calls, blocks))
+        tools = sum(service.in_system(now) for service in self._services)
+        self._boundary_samples.append((self._live_tasks, self._live_calls, blocks, tools))

@@ -454,6 +454,21 @@ def build_result(
         _little(little),
         _kv_little(out, window_s),
     ]
+    if w.service_names:
+        tools = out.tool_stays_s
+        boundaries.append(
+            _little(
+                little_check(
+                    "downstream services (tool calls waiting or served)",
+                    tools[:, 0],
+                    tools[:, 1],
+                    0.0,
+                    window_s,
+                    out.timeline_s,
+                    out.timeline_tool_calls.astype(np.float64),
+                )
+            )
+        )
     retried = c.attempts >= 2
     ended = c.outcome != OUTCOMES.index("not_offered")
     return SimResult(

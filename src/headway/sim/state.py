@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from headway.core.downstream import DownstreamService
     from headway.core.engine.replica import DecodeRun, StepResult
     from headway.core.policy.autoscaler import Autoscaler
     from headway.core.policy.charges import Phase
@@ -160,7 +161,12 @@ class SimState:
     _num_steps: int
     _num_skipped: int
     _timeline: list[tuple[float, int, int, float]]
-    _boundary_samples: list[tuple[int, int, int]]
+    _boundary_samples: list[tuple[int, int, int, int]]
+    _services: list[DownstreamService]
+    """The workload's downstream services (``services``), each its exact FIFO schedule."""
+    _tool_stays: list[float]
+    """Every tool call in a downstream service, flat ``enter, leave`` pairs (a refused one
+    never entered; an abandoned one left at its timeout)."""
 
     # headway.sim.replicas
     def _route(self, j: int, now: float) -> int:

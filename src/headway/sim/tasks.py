@@ -68,6 +68,7 @@ class TaskFlow(ClientBehaviour):
         self._call_service = workload.call_tool_service.tolist()
         self._num_tool_failures = 0
         self._tool_retries = 0
+        self._tool_stays = []
 
     def _dispatch_step(self, task: int, step: int, now: float) -> None:
         """Send the calls of a task's step to the router."""
@@ -163,6 +164,9 @@ class TaskFlow(ClientBehaviour):
         service = self._services[self._call_service[j]]
         service_s = float(w.tool_service_s[int(w.call_tool_first[j]) + index])
         result = service.submit(now, service_s)
+        if not result.refused:
+            left = result.finish_s if result.finish_s is not None else result.response_s
+            self._tool_stays.extend((now, left))
         if result.timed_out or result.refused:
             self._num_tool_failures += 1
             self.events.push(result.response_s, DISPATCH, EV_TOOL_FAILED, j, code)

@@ -152,3 +152,20 @@ def test_agents_retry_timed_out_tool_calls_and_the_retries_pile_onto_the_pool() 
 def test_the_other_signals_scale_the_pool_too(signal: str, target: float) -> None:
     _, result, _ = _scaled({**_AUTOSCALER, "signal": signal, "target": target})
     assert result.accounting.balanced and result.engine.replicas_max > 1
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        {"servers": 64, "service_time_s": 0.5},
+        {"servers": 3, "service_time_s": 0.5},
+        {"servers": 1, "service_time_s": 0.5, "timeout_s": 2.0},  # abandoned, wasted work
+    ],
+)
+def test_littles_law_holds_at_the_downstream_boundary(service: dict[str, Any]) -> None:
+    """Issue 19, result 1: the services' own live count of tool calls (waiting or
+    served) against λW from every tool call's record, over the sampled window."""
+    result, _ = _agents(service)
+    tools = [b for b in result.little_boundaries if b.boundary.startswith("downstream")]
+    assert len(tools) == 1 and tools[0].mean_in_system > 0.5, tools
+    assert tools[0].relative_mismatch < 0.01, tools[0]

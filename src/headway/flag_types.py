@@ -8,8 +8,9 @@ or engine model (``headway --help`` stays fast).
 from __future__ import annotations
 
 import argparse
+import math
 
-__all__ = ["port_number", "positive_int"]
+__all__ = ["growth_factor", "port_number", "positive_int"]
 
 
 def port_number(text: str) -> int:
@@ -36,4 +37,20 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; use 1 or more") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a count; use 1 or more")
+    return value
+
+
+def growth_factor(text: str) -> float:
+    """A traffic growth factor, a finite number > 0 (10: tenfold; 0.5: half)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number; use a growth factor > 0 (10 for tenfold traffic)"
+        ) from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a finite number above 0; use a growth factor > 0 "
+            "(10 for tenfold traffic)"
+        )
     return value

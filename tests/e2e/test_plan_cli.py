@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -290,3 +291,43 @@ def test_stages_choose_what_the_plan_simulates(
         in (plan["summary"])
     )
     assert (out / "report.html").read_text(encoding="utf-8").startswith("<!doctype html>")
+
+
+REFERENCE = Path(__file__).resolve().parents[2] / "examples" / "reference-assistant.yaml"
+
+
+def test_growth_names_the_first_resource_to_saturate_and_the_factor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 19, deliverable 6: `plan --growth 10` on the reference assistant names the
+    first resource to saturate, the factor, and the replicas tenfold traffic needs."""
+    assert main(["plan", str(REFERENCE), "--analytic-only", "--growth", "10", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    growth = plan["growth"]
+    assert growth["factor"] == 10 and growth["binding"] == "decode (route assistant)"
+    peak = plan["analytic"]["periods"][-1]["routes"][0]
+    per_replica = 1200  # the file's routes.assistant.replica.output_tokens_per_s
+    expected = peak["sizing"]["replicas"] * per_replica / peak["output_tokens_per_s"]
+    assert growth["binding_growth"] == pytest.approx(expected)
+    assert growth["routes"][0]["replicas"] == math.ceil(
+        10 * peak["output_tokens_per_s"] / (per_replica * 0.7)
+    )
+    assert main(["plan", str(REFERENCE), "--analytic-only", "--growth", "10"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"decode (route assistant) saturates first, at {expected:.3g}×" in out
+    assert f"At 10×: route assistant {growth['routes'][0]['replicas']} replicas" in out
+    # Without the flag there is no what-if.
+    assert main(["plan", str(REFERENCE), "--analytic-only", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["growth"] is None
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "ten", "nan", "inf"])
+def test_a_bad_growth_factor_is_refused_naming_the_flag(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["plan", str(REFERENCE), "--analytic-only", "--growth", value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --growth" in err and (repr(value) in err or f" {value} " in err)
+    assert "use a growth factor > 0 (10 for tenfold traffic)" in err

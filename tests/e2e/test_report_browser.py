@@ -24,10 +24,11 @@ from headway.planner.simulated import PlanSettings
 from headway.report.html import render_plan_html
 
 ROOT = Path(__file__).resolve().parents[2]
+GROWTH = 10.0
 CLIP = {"x": 0, "y": 0, "width": 1200, "height": 1560}
 PLOTS = {
     "attainment", "goodput", "latency-ttft", "latency-tpot", "latency-e2e", "replicas",
-    "burst-queue", "burst-kv", "tails",
+    "burst-queue", "burst-kv", "tails", "growth",
 }  # fmt: skip
 BAD_DAYS = {
     "rows": [
@@ -52,7 +53,11 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     full = os.environ.get("HEADWAY_UPDATE_SCREENSHOT") == "1"
     settings = PlanSettings() if full else PlanSettings(seeds=2, steady_duration_s=30)
     plan = build_plan(
-        spec, default_cluster(spec), LocalExecutor(2 if full else 1), settings=settings
+        spec,
+        default_cluster(spec),
+        LocalExecutor(2 if full else 1),
+        settings=settings,
+        growth=GROWTH,
     )
     data: dict[str, Any] = to_builtins(msgspec.structs.replace(plan, bad_days=BAD_DAYS))
     path = tmp_path_factory.mktemp("report") / "report.html"
@@ -125,11 +130,11 @@ def test_no_two_labels_of_a_plot_overlap(report: Path, tmp_path: Path) -> None:
 
 
 UNITS = ("(s)", " s)", "(%", "(×)", "/s", "$", "(tasks", "(calls", "(replicas", "(tokens",
-         "(items")  # fmt: skip
-"""How a column names its unit."""
+         "(items", "(its unit")  # fmt: skip
+"""How a column names its unit ("its unit": each cell carries its row's own unit)."""
 DIMENSIONLESS = {"seed", "points", "replicas", "segment", "name", "calls", "policy", "scenario",
                  "period", "route", "source", "class", "in time", "unit", "limit",
-                 "boundary"}  # fmt: skip
+                 "boundary", "resource", "of", "fixed limit", "capacity from"}  # fmt: skip
 """Column names that need no unit: names, labels and counts of the thing they name."""
 
 
@@ -147,3 +152,23 @@ def test_every_table_column_has_a_unit_or_is_dimensionless(report: Path, tmp_pat
         missing += [f"{t['title']}: {c!r}" for c in columns
                     if c not in DIMENSIONLESS and not any(u in c for u in UNITS)]  # fmt: skip
     assert missing == [], missing
+
+
+def test_report_shows_the_growth_what_if(report: Path, tmp_path: Path) -> None:
+    """Issue 19, deliverable 6: the plan made with growth 10 has its section: the
+    resources (the first to saturate marked) with utilisation and saturating growth, the
+    replicas at 10×, and the utilisation-against-growth plot drawn."""
+    seen = open_report(report, tmp_path / "report.png")
+    title = f"Growth what-if: today's peak × {GROWTH:g}"
+    tables = [t for t in seen.tables if t["title"] == title]
+    assert len(tables) == 1, [t["title"] for t in seen.tables]
+    columns = tables[0]["columns"]
+    assert columns[:4] == ["resource", "of", "utilisation now (%)", "saturates at (×)"]
+    needs = [t for t in seen.tables if t["title"] == f"Replicas at {GROWTH:g}×"]
+    assert len(needs) == 1 and f"at {GROWTH:g}× (replicas)" in needs[0]["columns"]
+    assert "growth" in {p["name"] for p in seen.plots}
+    page = report.read_text(encoding="utf-8")
+    section = page[page.index("id='growth'") : page.index("Analytic plan: demand")]
+    assert "<b>decode (route assistant)</b> saturates first" in section
+    assert section.count("<tr>") >= 1 + 3 + 2  # headers, three resources, one route
+    assert section.index("decode") < section.index("KV memory")

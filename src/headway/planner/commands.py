@@ -1,8 +1,9 @@
 """The ``headway plan`` verb.
 
 ``headway plan WORKLOAD [--cluster CLUSTER] [--out DIR] [--json] [--executor local|ray]
-[--analytic-only]`` runs the analytic plan, then the simulated stages (replicas for the
-peak, the knee over seeds, the bursts replayed, cost), prints the answer and writes
+[--analytic-only] [--growth FACTOR]`` runs the analytic plan (and, with ``--growth``, the
+growth what-if), then the simulated stages (replicas for the peak, the knee over seeds,
+the bursts replayed, cost), prints the answer and writes
 ``plan.json`` and ``report.html`` to ``--out`` (default ``headway-out/<workload name>``;
 with ``--json`` the plan is printed and files are written only when ``--out`` is given).
 Ctrl-C stops the stage in flight; what finished is still written (exit code 130).
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from headway import executors
 from headway.core.errors import ConfigError
 from headway.files.output import output_folder
+from headway.flag_types import growth_factor
 from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.verbs import VERBS
 
@@ -77,6 +79,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--analytic-only", action="store_true", help="only the analytic plan (no simulation)"
+    )
+    parser.add_argument(
+        "--growth",
+        type=growth_factor,
+        default=None,
+        metavar="FACTOR",
+        help="the growth what-if: every source's peak × FACTOR (e.g. 10); reports each "
+        "resource's utilisation, the growth at which it saturates, the first to saturate "
+        "and the replicas FACTOR needs (default: none)",
     )
     parser.set_defaults(handler=_plan)
 
@@ -287,6 +298,7 @@ def _plan(args: argparse.Namespace) -> int:
                 traces=loaded.traces,
                 progress=bars,
                 analytic_only=args.analytic_only,
+                growth=args.growth,
             )
         finally:
             if executor is not None:

@@ -25,6 +25,7 @@ from headway.planner import STAGES
 from headway.planner.analytic import AnalyticPlan, plan_analytic
 from headway.planner.answer import Answer, plan_answer
 from headway.planner.compare import Comparison, compare
+from headway.planner.growth import Growth, plan_growth
 from headway.planner.points import PlanPoint, Replay
 from headway.planner.simulated import (
     BurstCheck,
@@ -42,7 +43,7 @@ from headway.planner.simulated import (
     replay,
     search_replicas,
 )
-from headway.planner.summary import summarize_bad_days, summarize_plan
+from headway.planner.summary import summarize_bad_days, summarize_growth, summarize_plan
 from headway.sim.baddays import DEFAULT_SCENARIOS, BadDayMatrix, run_bad_days
 from headway.sim.cluster import ClusterSpec, with_replicas
 
@@ -76,6 +77,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """The bad-day matrix on the planned cluster: the cluster's gateway preset and
     ``headway-default`` × every scenario (null with ``--analytic-only``, without a
     simulation, or when interrupted before it)."""
+    growth: Growth | None = None
+    """The growth what-if (``--growth G``): resource by resource, utilisation at the
+    planned cluster, the growth at which each saturates, the first to saturate, and the
+    replicas needed at ``G`` (null without ``--growth``)."""
 
 
 class ClusterChoice(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,15 +147,18 @@ def build_plan(
     traces: Mapping[str, TraceData] | None = None,
     progress: Progress | None = None,
     analytic_only: bool = False,
+    growth: float | None = None,
 ) -> Plan:
     """Run the plan's stages on ``executor`` (the bad-day matrix too); an interrupted plan
     keeps what finished. A simulated plan needs a latency SLO
-    (:class:`~headway.core.errors.WorkloadError` otherwise)."""
+    (:class:`~headway.core.errors.WorkloadError` otherwise). ``growth``: add the growth
+    what-if at that factor × today's peak (analytic, on the cluster's model)."""
     if not analytic_only:
         require_latency_slo(spec, "the plan's replica search")
     settings = settings or PlanSettings()
     progress = progress or _Quiet()
     analytic = plan_analytic(spec)
+    what_if = plan_growth(spec, analytic, choice.spec, growth) if growth is not None else None
     skipped = None
     if analytic_only:
         skipped = "--analytic-only was given"
@@ -206,6 +214,7 @@ def build_plan(
                 interrupted=interrupted,
             ),
             *summarize_bad_days(bad_days),
+            *summarize_growth(what_if),
             *_stages_left_out(settings, sim),
             *_placeholder_slos(spec),
         ],
@@ -215,6 +224,7 @@ def build_plan(
         comparison=comparison,
         slo_bounds=slo_bounds(spec),
         bad_days=bad_days,
+        growth=what_if,
     )
 
 

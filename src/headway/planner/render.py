@@ -13,7 +13,9 @@ from rich.text import Text
 
 from headway.files.jsonout import to_builtins, to_json
 from headway.planner.analytic import AnalyticPlan, Period
+from headway.planner.growth import Growth
 from headway.planner.plan import Plan
+from headway.planner.summary import summarize_growth
 
 
 def plan_to_builtins(plan: msgspec.Struct) -> Any:
@@ -177,6 +179,31 @@ def _simulated_tables(plan: Plan) -> list[Any]:
     return parts
 
 
+def _growth_panel(growth: Growth) -> Panel:
+    """The growth what-if: each resource's utilisation now, the growth at which it
+    saturates (the first marked), then what the asked growth needs."""
+    table = Table(
+        title=f"Growth what-if: today's peak ({_fmt(growth.tasks_per_s)} tasks/s) × "
+        f"{growth.factor:g}",
+        title_justify="left",
+        show_edge=False,
+    )
+    for col in ("resource", "of", "utilisation now", "saturates at", "headroom ends", "fixed"):
+        table.add_column(col, justify="left" if col in ("resource", "of") else "right")
+    for i, r in enumerate(growth.resources):
+        mark = " ◀ first" if i == 0 and growth.binding is not None else ""
+        table.add_row(
+            r.resource,
+            r.owner,
+            f"{r.utilization:.0%}",
+            f"{r.saturates_at_growth:.3g}×{mark}" if r.saturates_at_growth else "never",
+            f"{r.headroom_ends_at_growth:.3g}×" if r.headroom_ends_at_growth else "—",
+            "yes" if r.fixed else "no",
+        )
+    lines = summarize_growth(growth)[1:] + [f"• {n}" for n in growth.notes]
+    return Panel(Group(table, Text(""), Text("\n".join(lines))), title="growth")
+
+
 def render_plan_terminal(plan: Plan, console: Console) -> None:
     """Print the summary, the simulated findings and the analytic tables."""
     console.print(
@@ -189,4 +216,6 @@ def render_plan_terminal(plan: Plan, console: Console) -> None:
     sim_parts = _simulated_tables(plan)
     if sim_parts:
         console.print(Panel(Group(*sim_parts), title="simulated"))
+    if plan.growth is not None:
+        console.print(_growth_panel(plan.growth))
     render_terminal(plan.analytic, console)

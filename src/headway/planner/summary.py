@@ -7,6 +7,7 @@ from headway.core.errors import ConfigError
 from headway.planner.analytic import AnalyticPlan
 from headway.planner.answer import Answer
 from headway.planner.compare import Comparison, output_tokens_per_s_per_replica
+from headway.planner.growth import Growth
 from headway.planner.simulated import SimulatedPlan
 from headway.sim.baddays import BadDayMatrix
 
@@ -293,3 +294,41 @@ def summarize_bad_days(matrix: BadDayMatrix | None) -> list[str]:
     if not parts:
         return []
     return [f"On the worst bad day SLO attainment falls to {'; '.join(parts)}."]
+
+
+def _factor(value: float) -> str:
+    return f"{value:.3g}×"
+
+
+def summarize_growth(growth: Growth | None) -> list[str]:
+    """The growth what-if in two sentences: what saturates first and at what growth, and
+    what the asked growth needs (replicas, and the fixed limits replicas cannot fix)."""
+    if growth is None:
+        return []
+    if growth.binding is None or growth.binding_growth is None:
+        first = "Growth: no resource with a known capacity saturates."
+    else:
+        first = (
+            f"Growth: {growth.binding} saturates first, at {_factor(growth.binding_growth)} "
+            "today's peak."
+        )
+    needs = "; ".join(
+        f"route {r.route} {_replicas(r.replicas)} ("
+        + (
+            f"{r.replicas_with_failover} with {_lost(r.replicas_with_failover - r.replicas)} lost, "
+            if r.replicas_with_failover > r.replicas
+            else ""
+        )
+        + f"limited by {r.limited_by})"
+        for r in growth.routes
+    )
+    second = f"At {_factor(growth.factor)}: {needs or 'no route to size'}"
+    if growth.fixed_limits_exceeded:
+        second += (
+            "; limits that replicas cannot fix: " + ", ".join(growth.fixed_limits_exceeded) + "."
+        )
+    elif any(r.fixed for r in growth.resources):
+        second += "; every fixed external limit holds."
+    else:
+        second += "; the workload declares no fixed external limit."
+    return [first, second]

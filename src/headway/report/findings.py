@@ -1,6 +1,7 @@
 """The simulated findings of a plan as report sections: capacity at SLO, latency against
 load, replicas for the peak, the peak burst, tails, bad days, analytic against simulated,
-and cost. Each takes the plan's JSON data and returns HTML text (empty when absent).
+and cost; and the growth what-if (analytic). Each takes the plan's JSON data and returns
+HTML text (empty when absent).
 """
 
 from __future__ import annotations
@@ -565,4 +566,110 @@ def _energy_line(cost: dict[str, Any]) -> str:
         f"<p>Energy: <b>{per_request:,.0f} J</b> per SLO-satisfying request{outcome} (each "
         "replica's GPUs at full draw while it steps, idle otherwise; the cluster file's "
         "<code>gpu_power_w</code> replaces the catalog's).</p>"
+    )
+
+
+def _growth_points(r: dict[str, Any], x_max: float) -> list[tuple[float, float]]:
+    """Utilisation against growth from today (growth 1) through the computed points:
+    today's utilisation, then 1 where it saturates (straight between them: exact for the
+    resources linear in traffic, through 0 at 0; KV memory is drawn between its two)."""
+    u, sat = float(r["utilization"]), r.get("saturates_at_growth")
+    if sat is not None and sat <= 1:
+        return [(1.0, u)]
+    if sat is not None and sat <= x_max:
+        return [(1.0, u), (float(sat), 1.0)]
+    slope = (1.0 - u) / (sat - 1.0) if sat is not None else u
+    return [(1.0, u), (x_max, u + slope * (x_max - 1.0))]
+
+
+def growth_section(growth: dict[str, Any] | None) -> str:
+    """The growth what-if (``--growth``): each resource's utilisation now and the growth
+    at which it saturates, drawn and tabled, then the replicas the asked growth needs and
+    the fixed limits replicas cannot fix ("" without a what-if)."""
+    if not growth:
+        return ""
+    factor = float(growth["factor"])
+    resources = growth["resources"]
+    binding = growth.get("binding_growth")
+    x_max = max(factor, 1.0, (binding or 0.0) * 1.25)
+    lines = [
+        Line(f"{r['resource']} ({r['owner'].split(' ', 1)[-1]})", _growth_points(r, x_max),
+             color=PALETTE[i % len(PALETTE)], dashed=bool(r["fixed"]))
+        for i, r in enumerate(resources)
+    ]  # fmt: skip
+    chart = line_chart(
+        Frame(
+            "growth",
+            "Utilisation against traffic growth (dashed: fixed limits)",
+            "growth (× today's peak)",
+            "utilisation",
+            width=760,
+            y_max=1.1,
+            x_format=lambda v: f"{v:g}×",
+            y_format=share,
+        ),
+        lines,
+        [Rule("saturated", 1.0, axis="y"), Rule(f"asked {factor:g}×", factor)],
+    )
+    rows = [
+        [
+            fmt(r["resource"])
+            + (" <span class='bad'>◀ first</span>" if i == 0 and binding else ""),
+            fmt(r["owner"]),
+            f"{r['utilization']:.0%}",
+            fmt(r.get("saturates_at_growth"), "×") if r.get("saturates_at_growth") else "never",
+            fmt(r.get("headroom_ends_at_growth"), "×"),
+            "<span class='bad'>yes</span>" if r["fixed"] else "no",
+            f"{fmt(r['demand'])} / {fmt(r['capacity'])} {html.escape(r['unit'])}",
+            fmt(r["basis"]),
+        ]
+        for i, r in enumerate(resources)
+    ]
+    resource_table = table(
+        ["resource", "of", "utilisation now (%)", "saturates at (×)", "headroom ends (×)",
+         "fixed limit", "now / capacity (its unit)", "capacity from"],
+        rows,
+    )  # fmt: skip
+    need_rows = [
+        [fmt(n["route"]), fmt(n["replicas_now"]), fmt(n["replicas"]),
+         fmt(n["replicas_with_failover"]), fmt(n["limited_by"])]
+        for n in growth["routes"]
+    ]  # fmt: skip
+    needs = (
+        f"<h3>Replicas at {factor:g}×</h3>"
+        + table(
+            [
+                "route",
+                "today (replicas)",
+                f"at {factor:g}× (replicas)",
+                "with failover (replicas)",
+                "limit",
+            ],
+            need_rows,
+        )
+        if need_rows
+        else ""
+    )
+    exceeded = growth.get("fixed_limits_exceeded") or []
+    fixed = (
+        "<p class='warn'>Limits that replicas cannot fix at "
+        f"{factor:g}×: {html.escape(', '.join(exceeded))}.</p>"
+        if exceeded
+        else ""
+    )
+    if binding:
+        head = (
+            f"<p><b>{html.escape(growth['binding'])}</b> saturates first, at "
+            f"<b>{fmt(binding, '×')}</b> today's peak of {fmt(growth['tasks_per_s'])} tasks/s.</p>"
+        )
+    else:
+        head = "<p>No resource with a known capacity saturates.</p>"
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in growth.get("notes") or [])
+    return (
+        f"<h2 id='growth'>Growth what-if: today's peak × {factor:g}</h2>{head}"
+        f"<div class='plots'>{chart}</div>{resource_table}{needs}{fixed}"
+        + (f"<ul class='muted'>{notes}</ul>" if notes else "")
+        + "<p class='muted'>Saturated: utilisation 1, demand equal to capacity (past it a "
+        "queue grows without bound). Headroom ends where utilisation reaches the planning "
+        "factor. See docs/planning.md, “Growth”.</p>"
     )

@@ -4,7 +4,8 @@ Rendering takes the plan's JSON data (the dict written to ``plan.json``), so
 ``headway report plan.json`` re-renders a report without re-running anything. The
 executive summary comes first; then the simulated findings (capacity at SLO, latency
 against load, replicas for the peak, the peak burst, tails, bad days, analytic against
-simulated, cost); then the analytic plan's tables.
+simulated, cost); then the growth what-if (with ``--growth``) and the analytic plan's
+tables.
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ def render_plan_html(data: dict[str, Any]) -> str:
         ]
     elif plan.get("skipped"):
         sections.append(f"<p class='muted'>Not simulated: {html.escape(plan['skipped'])}.</p>")
+    sections.append(findings.growth_section(plan.get("growth")))
     sections += _analytic_sections(analytic)
     title = html.escape(f"headway plan: {plan['workload']}")
     meta = [f"schema {plan['schema']}"]

@@ -774,8 +774,20 @@ class Route(_Spec, frozen=True, kw_only=True):
     quality_class: str = "default"
     """Evaluated quality class; a fallback must have the same one."""
 
+    quota_requests_per_s: float | None = None
+    """Planning only: the route's request quota, a fixed external limit such as a hosted
+    API's rate limit (its requests per minute / 60). Adding replicas does not raise it;
+    ``headway plan --growth`` reports the growth at which calls reach it."""
+
+    quota_tokens_per_s: float | None = None
+    """Planning only: the route's token quota (input plus output tokens per second; a
+    hosted API's tokens per minute / 60), a fixed external limit like
+    ``quota_requests_per_s``."""
+
     def __post_init__(self) -> None:
         _positive("requests_per_s", self.requests_per_s)
+        _positive("quota_requests_per_s", self.quota_requests_per_s)
+        _positive("quota_tokens_per_s", self.quota_tokens_per_s)
         _require(self.servers >= 1, f"`servers` must be >= 1 (got {self.servers})")
         _finite_nonneg("service_time_cv", self.service_time_cv)
 

@@ -16,7 +16,8 @@ from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.decisions import Shed, ShedReason
 from headway.gateway.config import parse_config
 from headway.gateway.control import Controller, Lease, speed_prior
-from headway.gateway.server import _stream_usage, status_for
+from headway.gateway.relay import stream_usage
+from headway.gateway.sheds import status_for
 
 
 def _cfg(**extra: Any) -> dict[str, Any]:
@@ -72,8 +73,8 @@ def test_stream_usage_reads_the_last_event() -> None:
         b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}\n\n'
         b"data: [DONE]\n\n"
     )
-    assert _stream_usage(tail) == 7
-    assert _stream_usage(b'data: {"choices":[]}\n\ndata: [DONE]\n\n') is None
+    assert stream_usage(tail) == 7
+    assert stream_usage(b'data: {"choices":[]}\n\ndata: [DONE]\n\n') is None
 
 
 def _request(tenant: str = "a", **extra: Any) -> AdmissionRequest:

@@ -65,7 +65,9 @@ _TABLES = """() => [...document.querySelectorAll('table')].map(t => {
   for (let e = t.previousElementSibling; !title && e; e = e.previousElementSibling)
     if (/^H[1-6]$/.test(e.tagName)) title = e.textContent;
   const head = t.tHead ? t.tHead.rows[0] : t.rows[0];
-  return {title, columns: head ? [...head.cells].map(c => c.textContent.trim()) : []};
+  const body = t.tBodies.length ? [...t.tBodies[0].rows] : [];
+  return {title, columns: head ? [...head.cells].map(c => c.textContent.trim()) : [],
+          rows: body.map(r => [...r.cells].map(c => c.textContent.trim()))};
 })"""
 
 
@@ -87,7 +89,8 @@ class Opened:
     overlaps: list[str] = field(default_factory=list)
     """Pairs of text labels of one plot whose drawn boxes (rotation included) overlap."""
     tables: list[dict[str, Any]] = field(default_factory=list)
-    """Each table's caption or preceding heading and its column headers."""
+    """Each table's caption or preceding heading, its column headers and its body rows
+    (each cell's text)."""
 
     def empty_plots(self) -> list[str]:
         """Plots with no size or no drawn series."""

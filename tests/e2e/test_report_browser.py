@@ -122,6 +122,21 @@ def test_report_shows_littles_law_at_every_boundary(report: Path, tmp_path: Path
         assert boundary in section, boundary
 
 
+def test_report_shows_the_segmented_tails_worst_first(report: Path, tmp_path: Path) -> None:
+    """Issue 19, deliverable 4: the replayed run's worst segments, cut the way seed 002
+    lists, in a table Chromium draws with its rows, lowest attainment first."""
+    seen = open_report(report, tmp_path / "report.png")
+    tables = [t for t in seen.tables if t["title"] == "Worst segments of the tail"]
+    assert len(tables) == 1, [t["title"] for t in seen.tables]
+    columns, rows = tables[0]["columns"], tables[0]["rows"]
+    assert columns[:3] == ["segment", "name", "calls"] and "attainment (%)" in columns
+    assert 3 <= len(rows) <= 15
+    attainment = [float(r[columns.index("attainment (%)")].rstrip("%")) for r in rows]
+    assert attainment == sorted(attainment)
+    # The reference assistant's 30 s burst to 20 runs/s is its worst arrival-time bucket.
+    assert "arrival time" in {r[0] for r in rows}, rows
+
+
 def test_no_two_labels_of_a_plot_overlap(report: Path, tmp_path: Path) -> None:
     """Issue 16, defect 18: "knee" was drawn on "SLO 3 s", "target 95%" on "planned 4"."""
     seen = open_report(report, tmp_path / "report.png")

@@ -21,7 +21,7 @@ from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.planner.demand import steady_workload
 from headway.sim.cluster import ClusterSpec, with_replicas
-from headway.sim.results import Group, Little, SimResult
+from headway.sim.results import Group, Little, Segment, SimResult
 from headway.sim.run import simulate_compiled
 from headway.sim.simulator import OUTCOMES, SimOptions, SimOutcome
 from headway.sim.sweep import SweepPoint, sweep_point
@@ -76,14 +76,20 @@ class Series(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Tail(msgspec.Struct, frozen=True, kw_only=True):
-    """Tails of one segment (a tenant, class or input-length bucket)."""
+    """Tails of one segment (a tenant, class or input-length bucket; in
+    ``Replay.segments``, any dimension of :mod:`headway.sim.segments`)."""
 
     segment: str
+    """The dimension (``tenant``, ``output tokens``, ``arrival time``, ...)."""
     name: str
     calls: int
     slo_attainment: float | None
     ttft_p99_s: float | None
     e2e_p99_s: float | None
+    share: float | None = None
+    """``calls`` over all calls of the run (None: not given, in ``tails``)."""
+    ranked: bool = True
+    """Whether it takes part in the worst-first order (see ``SimResult.segments``)."""
 
 
 class Replay(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +114,10 @@ class Replay(msgspec.Struct, frozen=True, kw_only=True):
     """Energy per call that met its SLO and per verified outcome (None: not known)."""
     little: list[Little] = msgspec.field(default_factory=list)
     """Little's law at every boundary of the run (the instrumentation's own check)."""
+    segments: list[Tail] = msgspec.field(default_factory=list)
+    """Every segment seed 002 lists (lengths, route, prefix-cache hit class, cold or warm
+    replica, preemption, retry, priority, tenant, class, outcome, arrival time), the
+    ranked ones worst first, the unranked after them."""
 
 
 def _pct(summary_p50: float | None, p90: float | None, p99: float | None) -> Percentiles:
@@ -182,6 +192,22 @@ def _tails(segment: str, groups: list[Group]) -> list[Tail]:
     ]
 
 
+def _segments(segments: list[Segment]) -> list[Tail]:
+    return [
+        Tail(
+            segment=s.dimension,
+            name=s.name,
+            calls=s.calls,
+            slo_attainment=s.slo_attainment,
+            ttft_p99_s=s.latencies.ttft.p99_s,
+            e2e_p99_s=s.latencies.e2e.p99_s,
+            share=s.share,
+            ranked=s.ranked,
+        )
+        for s in segments
+    ]
+
+
 def run_replay(task: PointTask, traces: Mapping[str, TraceData] | None = None) -> Replay:
     """Simulate the workload as written, with its timeline and tails (runs in a worker)."""
     spec = task.spec
@@ -212,6 +238,7 @@ def run_replay(task: PointTask, traces: Mapping[str, TraceData] | None = None) -
         shed_calls=r.accounting.shed,
         amplification=r.accounting.amplification,
         little=r.little_boundaries,
+        segments=_segments(r.segments),
         wasted_fraction=0.0 if r.work is None else r.work.wasted_fraction,
         joules_per_slo_request=None if r.energy is None else r.energy.joules_per_slo_request,
         joules_per_verified_outcome=(

@@ -12,6 +12,7 @@ from typing import Any
 
 from headway.report.svg import PALETTE, Frame, Line, Rule, bar_chart, line_chart
 from headway.report.tables import fmt, heat, pct, seconds, share, table
+from headway.sim.segments import COLD_WINDOW_S, MIN_RANKED_CALLS, MIN_RANKED_SHARE
 
 
 def capacity_section(sim: dict[str, Any]) -> str:
@@ -408,6 +409,48 @@ def tails_section(sim: dict[str, Any]) -> str:
         "replicas.</p>"
         f"<div class='plots'>{charts}</div>"
         + table(["segment", "name", "calls", "attainment (%)", "TTFT p99 (s)", "e2e p99 (s)"], rows)
+    )
+
+
+WORST_SEGMENTS = 15
+"""Rows of the segmented-tails table."""
+SEGMENT_COLUMNS = ["segment", "name", "calls", "share (%)", "attainment (%)", "TTFT p99 (s)",
+                   "e2e p99 (s)"]  # fmt: skip
+
+
+def segments_section(sim: dict[str, Any]) -> str:
+    """The worst segments of the replayed run, cut by every dimension seed 002 lists
+    (the plan's JSON holds them all): lowest SLO attainment first, then highest p99."""
+    run = sim.get("replay")
+    if not run:
+        return ""
+    ranked = [s for s in run.get("segments") or [] if s.get("ranked", True)]
+    if not ranked:
+        return ""
+    rows = [
+        [
+            html.escape(s["segment"]),
+            html.escape(s["name"]),
+            fmt(s["calls"]),
+            pct(s.get("share")),
+            heat(s["slo_attainment"], 0.75, 0.95, pct(s["slo_attainment"])),
+            fmt(s["ttft_p99_s"], " s"),
+            fmt(s["e2e_p99_s"], " s"),
+        ]
+        for s in ranked[:WORST_SEGMENTS]
+    ]
+    dimensions = list(dict.fromkeys(s["segment"] for s in run["segments"]))
+    return (
+        "<h2 id='segments'>Worst segments of the tail</h2>"
+        f"<p class='muted'>The {min(len(ranked), WORST_SEGMENTS)} worst of {len(ranked)} "
+        f"segments of the workload as written on {run['replicas']} replicas, cut by "
+        f"{html.escape(', '.join(dimensions))}; lowest SLO attainment first, then highest "
+        f"e2e and TTFT p99. Segments under {MIN_RANKED_CALLS} calls or {MIN_RANKED_SHARE:.0%} "
+        "of them, the only value of their dimension, and outcomes other than completed are "
+        "left out of the order (the plan's JSON holds every one). Prefix cache: none, partial "
+        "or full reuse of the prompt blocks an engine can reuse; replica cold: first admitted "
+        f"within {COLD_WINDOW_S:g} s of its replica's start or cache flush. No call takes a "
+        "fallback route in the simulator.</p>" + table(SEGMENT_COLUMNS, rows)
     )
 
 

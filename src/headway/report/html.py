@@ -213,6 +213,7 @@ def render_plan_html(data: dict[str, Any]) -> str:
             findings.replicas_section(sim, plan.get("answer")),
             findings.burst_section(sim),
             findings.tails_section(sim),
+            findings.segments_section(sim),
             findings.little_section(sim),
         ]
     burst_starts = [float(b["start_s"]) for b in analytic.get("bursts", [])]

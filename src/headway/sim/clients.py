@@ -126,6 +126,7 @@ class ClientBehaviour(GatewayOffers):
         self._outcome.extend([NOT_OFFERED] * m)
         self._shed_reason.extend([-1] * m)
         self._attempts.extend([0] * m)
+        self._cached_prompt_tokens.extend([-1] * m)
 
     def _routed_attempt(self, j: int, now: float) -> int:
         """Count an attempt of call ``j`` (its first starts the call) and route it: the

@@ -169,6 +169,17 @@ def _print_result(r: SimResult, wall_s: float) -> None:
             f"Wasted work: {r.work.wasted_fraction:.1%} of the {r.work.processed_tokens:,} "
             f"tokens the engines processed came to no answer{losing}"
         )
+    worst = [s for s in r.segments if s.ranked][:3]
+    if worst:
+        console.print("Worst segments (every segment: --json):")
+        for seg in worst:
+            met = "—" if seg.slo_attainment is None else f"{seg.slo_attainment:.1%}"
+            console.print(
+                f"  {seg.dimension} {seg.name}: {met} met, p99 e2e "
+                f"{_fmt_s(seg.latencies.e2e.p99_s)}, TTFT {_fmt_s(seg.latencies.ttft.p99_s)}, "
+                f"{seg.calls:,} calls",
+                highlight=False,
+            )
     console.print(
         "Little's law, L against λW over the sampled window: "
         + ", ".join(

@@ -50,6 +50,7 @@ class FleetChanges(DisaggregatedHandoff):
         self._slowdown = 1.0
         self._num_lost_calls = 0
         self._scale_events = []
+        self._cache_emptied = []
         self._window_wait_s = 0.0
         self._window_admitted = 0
         self._window_tokens = 0
@@ -81,6 +82,7 @@ class FleetChanges(DisaggregatedHandoff):
                 if d.alive:
                     self._materialize(d, now)
                     d.model.scheduler.pool.drop_cached()
+                    self._cache_emptied.append((d.index, now))
         else:
             live = [d for d in self.drivers if d.alive and d.pending_loss is None]
             for d in live[::-1][: fault.replicas]:
@@ -208,5 +210,6 @@ class FleetChanges(DisaggregatedHandoff):
         if not driver.alive or driver.draining:
             return
         driver.ready = True
+        self._cache_emptied.append((driver.index, now))
         if self.gateway is not None:
             self._set_gateway_replicas(now)

@@ -73,6 +73,9 @@ class CallRecords:
     """With disaggregation: seconds its prompt KV took (or, cancelled midway, would have
     taken) to reach its decode replica (NaN: no transfer: not disaggregated, one output
     token, or ended before its prefill did)."""
+    cached_prompt_tokens: IntArray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """Prompt tokens its engine found in the prefix cache at the call's first admission
+    (-1: never admitted; a disaggregated call's: its prefill replica's)."""
 
     @classmethod
     def empty(cls, n: int) -> CallRecords:
@@ -95,6 +98,7 @@ class CallRecords:
             attempts=np.zeros(n, dtype=np.int64),
             lost_race=np.zeros(n, dtype=np.bool_),
             kv_transfer_s=nan.copy(),
+            cached_prompt_tokens=np.full(n, -1, dtype=np.int64),
         )
 
 
@@ -170,4 +174,8 @@ class SimOutcome:
     """Every stay of a request in an engine, a row of :data:`STAY_COLUMNS` each: retried
     attempts, clients' duplicates and losing copies included (the call records keep one
     attempt per call)."""
+    cache_emptied: FloatArray = field(default_factory=lambda: np.empty((0, 2)))
+    """Rows of (replica, time): when a replica's prefix cache was empty and it could serve
+    (its start, or an autoscaled one's ready time, and every cache flush): where its
+    cold window begins (see :mod:`headway.sim.segments`)."""
     extra: dict[str, float] = field(default_factory=dict)

@@ -64,6 +64,7 @@ class Recording(SimState):
         self._shed_reason = [-1] * n
         self._retry_after_s = [nan] * n
         self._attempts = [0] * n
+        self._cached_prompt_tokens = [-1] * n
         self._itl_counts = [0] * _ITL_BINS
         self._num_steps = 0
         self._num_skipped = 0
@@ -138,6 +139,11 @@ class Recording(SimState):
             tool_stays_s=np.array(self._tool_stays, dtype=np.float64).reshape(-1, 2),
             kv_transfers=self._num_transfers,
             kv_transfer_s_total=self._transfer_s_total,
+            cache_emptied=np.array(
+                [(float(d.index), d.started_s) for d in self.drivers[: self._initial_replicas]]
+                + [(float(r), t) for r, t in self._cache_emptied],
+                dtype=np.float64,
+            ).reshape(-1, 2),
             replica_stays=np.array(self._replica_stays, dtype=np.float64).reshape(
                 -1, len(STAY_COLUMNS)
             ),
@@ -155,6 +161,7 @@ class Recording(SimState):
             first_token_s[j], itl_max_s[j], replica[j] = first_token_s[d], itl_max_s[d], replica[d]
             self._num_output_tokens[j] = self._num_output_tokens[d]
             self._kv_transfer_s[j] = self._kv_transfer_s[d]
+            self._cached_prompt_tokens[j] = self._cached_prompt_tokens[d]
         return CallRecords(
             dispatch_s=np.array(dispatch_s[:n], dtype=np.float64),
             admitted_s=np.array(admitted_s[:n], dtype=np.float64),
@@ -174,6 +181,7 @@ class Recording(SimState):
             attempts=np.array(self._attempts[:n], dtype=np.int64),
             lost_race=np.array(self._lost_race[:n], dtype=np.bool_),
             kv_transfer_s=np.array(self._kv_transfer_s[:n], dtype=np.float64),
+            cached_prompt_tokens=np.array(self._cached_prompt_tokens[:n], dtype=np.int64),
         )
 
     def _record_step(self, result: StepResult) -> None:
@@ -186,9 +194,12 @@ class Recording(SimState):
         """
         end = result.end_s
         admitted_s = self._admitted_s
-        for j in cast("tuple[int, ...]", result.admitted_ids):
+        cached = result.admitted_cached_tokens
+        for k, j in enumerate(cast("tuple[int, ...]", result.admitted_ids)):
             if admitted_s[j] != admitted_s[j]:  # NaN: the first admission
                 admitted_s[j] = result.start_s
+                if k < len(cached):
+                    self._cached_prompt_tokens[j] = cached[k]
                 if self.autoscaler is not None:
                     self._window_wait_s += result.start_s - self._arrival_s[j]
                     self._window_admitted += 1

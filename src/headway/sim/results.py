@@ -1,13 +1,15 @@
 """Turn a simulation's records into its summary (``simulate --json``) and columnar files.
 
-Latency summaries (TTFT, TPOT, ITL, e2e) overall and by class, tenant, priority and
-input-length bucket; throughput; SLO attainment and goodput; task outcomes; KV occupancy
+Latency summaries (TTFT, TPOT, ITL, e2e) overall, by class, tenant, priority and
+input-length bucket, and segmented as seed 002 lists (:mod:`headway.sim.segments`), worst
+first; throughput; SLO attainment and goodput; task outcomes; KV occupancy
 and queue lengths over time; the Little's-law check at the replica boundary.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,10 +33,17 @@ from headway.core.metrics import (
 from headway.core.workload.compile import CompiledWorkload
 from headway.core.workload.spec import PRIORITIES
 from headway.sim.outcome import OUTCOMES, SHED_REASONS, SimOutcome
+from headway.sim.segments import (
+    INPUT_BUCKETS_TOKENS,
+    bucket_names,
+    is_ranked,
+    selections,
+    worst_first,
+)
 
 SCHEMA = "headway.simulate/1"
-LENGTH_BUCKETS = (0, 512, 2048, 8192, 32768)
-"""Input-length bucket edges (tokens) for segmented tails."""
+LENGTH_BUCKETS = INPUT_BUCKETS_TOKENS
+"""Input-length bucket edges (tokens) of ``by_length``."""
 
 
 class Latencies(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +64,27 @@ class Group(msgspec.Struct, frozen=True, kw_only=True):
     completed: int
     slo_attainment: float | None
     latencies: Latencies
+
+
+class Segment(msgspec.Struct, frozen=True, kw_only=True):
+    """The calls of one value of one dimension (seed 002's segmented tails: see
+    :mod:`headway.sim.segments`), e.g. ``output tokens`` ``512-2048``."""
+
+    dimension: str
+    """What the calls are cut by: ``input tokens``, ``output tokens``, ``route``,
+    ``prefix cache``, ``replica``, ``preemption``, ``retry``, ``priority``, ``tenant``,
+    ``class``, ``outcome``, ``arrival time``."""
+    name: str
+    calls: int
+    share: float
+    """``calls`` over all calls of the workload."""
+    completed: int
+    slo_attainment: float | None
+    latencies: Latencies
+    ranked: bool
+    """Whether it takes part in the worst-first order (not: fewer than 20 calls or 1% of
+    them, the whole run or the only value of its dimension, an outcome other than
+    completed, or none judged)."""
 
 
 class Throughput(msgspec.Struct, frozen=True, kw_only=True):
@@ -276,6 +306,9 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     energy: Energy | None = None
     """Joules per SLO-satisfying request and per verified outcome (None: a GPU's power
     is not known)."""
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    """The calls cut by every dimension seed 002 lists, the ranked ones worst first (SLO
+    attainment, then e2e and TTFT p99), the unranked after them."""
 
 
 def _accounting(out: SimOutcome) -> Accounting:
@@ -406,11 +439,7 @@ def build_result(
     call_tenant = w.task_tenant[w.call_task]
     call_priority = w.task_priority[w.call_task]
     buckets = np.searchsorted(LENGTH_BUCKETS, w.call_input_tokens, side="right") - 1
-    bucket_names = [
-        f"{LENGTH_BUCKETS[i]}-{LENGTH_BUCKETS[i + 1]}" if i + 1 < len(LENGTH_BUCKETS)
-        else f">={LENGTH_BUCKETS[i]}"
-        for i in range(len(LENGTH_BUCKETS))
-    ]  # fmt: skip
+    length_names = bucket_names(LENGTH_BUCKETS)
     task_done = np.isfinite(out.task_finish_s)
     deadline_by_class = [w.spec.classes[k].slo.task_deadline_s for k in w.class_names]
     deadlines = task_deadlines_s(deadline_by_class, w.task_class)
@@ -471,6 +500,14 @@ def build_result(
         )
     retried = c.attempts >= 2
     ended = c.outcome != OUTCOMES.index("not_offered")
+    cuts = selections(w, out, ended)
+    per_dimension = Counter(dimension for dimension, _, _ in cuts)
+    segments = worst_first(
+        [
+            _segment(dimension, group(name, mask), n, alone=per_dimension[dimension] == 1)
+            for dimension, name, mask in cuts
+        ]
+    )
     return SimResult(
         schema=SCHEMA,
         workload=w.spec.name,
@@ -509,7 +546,7 @@ def build_result(
             if (call_priority == i).any()
         ],
         by_length=[
-            group(bucket_names[i], buckets == i)
+            group(length_names[i], buckets == i)
             for i in range(len(LENGTH_BUCKETS))
             if (buckets == i).any()
         ],
@@ -561,6 +598,20 @@ def build_result(
         accounting=_accounting(out),
         work=_work(out, c.lost_race),
         energy=_energy(out, replica_power_w, int(met.sum()), int(verified.sum())),
+        segments=segments,
+    )
+
+
+def _segment(dimension: str, g: Group, total: int, *, alone: bool) -> Segment:
+    return Segment(
+        dimension=dimension,
+        name=g.name,
+        calls=g.calls,
+        share=g.calls / total if total else 0.0,
+        completed=g.completed,
+        slo_attainment=g.slo_attainment,
+        latencies=g.latencies,
+        ranked=is_ranked(dimension, g.name, g.calls, total, g.slo_attainment, alone),
     )
 
 
@@ -689,6 +740,7 @@ def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:
         retry_after_s=c.retry_after_s,
         attempts=c.attempts,
         kv_transfer_s=c.kv_transfer_s,
+        cached_prompt_tokens=c.cached_prompt_tokens,
         outcome_names=np.array(OUTCOMES),
         shed_reason_names=np.array(SHED_REASONS),
         class_names=np.array(w.class_names),

@@ -89,6 +89,9 @@ class SimState:
     _retry_after_s: list[float]
     _attempts: list[int]
     _kv_transfer_s: list[float]
+    _cached_prompt_tokens: list[int]
+    """Per row: prompt tokens its engine found in the prefix cache at the call's first
+    admission (-1: never admitted)."""
 
     _num_calls: int
     """Calls of the workload; rows from ``_num_calls`` on are clients' duplicates."""
@@ -143,6 +146,9 @@ class SimState:
     _scale_events: list[tuple[float, int]]
     """(time, replicas provisioned) after every change of the pool."""
     _initial_replicas: int
+    _cache_emptied: list[tuple[int, float]]
+    """(replica, time) whenever a replica's prefix cache became empty and it could serve:
+    its start (an autoscaled one's: when it became ready) and every cache flush."""
 
     # Disaggregation.
     _num_prefill: int

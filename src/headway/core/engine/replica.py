@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from headway.core.engine.scheduler import EngineRequest, RequestId, Scheduler, SchedulerConfig
@@ -149,6 +149,10 @@ class StepResult:
     batch: BatchShape
     """The step's batch sums (what the step-time model priced)."""
 
+    admitted_cached_tokens: tuple[int, ...] = field(compare=False, hash=False, repr=False)
+    """Per request of ``admitted_ids``: prompt tokens found in the prefix cache at its
+    first admission (empty when the plan did not say)."""
+
     def __init__(
         self,
         *,
@@ -161,6 +165,7 @@ class StepResult:
         admitted_ids: tuple[RequestId, ...],
         num_scheduled_tokens: Mapping[RequestId, int],
         batch: BatchShape,
+        admitted_cached_tokens: tuple[int, ...] = (),
     ) -> None:
         self.start_s = start_s
         self.duration_s = duration_s
@@ -171,6 +176,7 @@ class StepResult:
         self.admitted_ids = admitted_ids
         self.num_scheduled_tokens = num_scheduled_tokens
         self.batch = batch
+        self.admitted_cached_tokens = admitted_cached_tokens
 
     @property
     def is_empty(self) -> bool:
@@ -427,6 +433,7 @@ class ReplicaModel:
             admitted_ids=plan.admitted_ids,
             num_scheduled_tokens=plan.num_scheduled_tokens,
             batch=plan.batch,
+            admitted_cached_tokens=plan.admitted_cached_tokens,
         )
 
     def max_identical_decode_steps(self) -> int:

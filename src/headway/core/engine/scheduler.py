@@ -90,6 +90,11 @@ class SchedulePlan:
     batch: BatchShape
     """Sums over the batch that determine the step's duration."""
 
+    admitted_cached_tokens: tuple[int, ...] = field(compare=False, hash=False, repr=False)
+    """Per request of ``admitted_ids``: its prompt tokens found in the prefix cache at its
+    first admission (read here: a request admitted and finished in one step is gone by
+    the time the caller could ask the scheduler; empty for a plan built elsewhere)."""
+
     requests: tuple[EngineRequest, ...] = field(compare=False, hash=False, repr=False)
     """The scheduled requests themselves, in the order of ``num_scheduled_tokens``, so
     that :meth:`Scheduler.update_after_step` need not look them up by id (empty for a
@@ -103,12 +108,14 @@ class SchedulePlan:
         admitted_ids: tuple[RequestId, ...],
         batch: BatchShape,
         requests: tuple[EngineRequest, ...] = (),
+        admitted_cached_tokens: tuple[int, ...] = (),
     ) -> None:
         self.num_scheduled_tokens = num_scheduled_tokens
         self.preempted_ids = preempted_ids
         self.admitted_ids = admitted_ids
         self.batch = batch
         self.requests = requests
+        self.admitted_cached_tokens = admitted_cached_tokens
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -627,6 +634,7 @@ class Scheduler:
             ),
             # The decoding pass: the running set is the decoded requests, then the admitted.
             requests=tuple(self._running) if step.num_decoded else tuple(step.scheduled),
+            admitted_cached_tokens=tuple([r.num_cached_prompt_tokens for r in step.admitted]),
         )
 
     def update_after_step(self, plan: SchedulePlan) -> StepOutputs:

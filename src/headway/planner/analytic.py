@@ -189,6 +189,9 @@ def _class_facts(spec: WorkloadSpec, cls: TaskClass) -> _ClassFacts:
     else:
         mean_in = distributions.mean(cls.input_tokens)
         mean_out = distributions.mean(cls.output_tokens)
+    if cls.max_unit_tokens is not None:  # the mean call in bounded units
+        units = max(1, math.ceil((mean_in + mean_out) / cls.max_unit_tokens))
+        cpt, mean_in, mean_out = cpt * units, mean_in / units, mean_out / units
     return _ClassFacts(cpt, mean_in, mean_out, cls.route or next(iter(spec.routes)))
 
 

@@ -372,10 +372,56 @@ def _class_calls(
     if service is not None:
         tool_first = (np.cumsum(step_count) - step_count)[step_index]
         tool_first[tool_count == 0] = -1
+    if cls.max_unit_tokens is not None:
+        steps, inp, out, step, tool_after, tool_count, tool_first = _split_units(
+            cls.max_unit_tokens, owner, n_tasks, inp, out, tool_after, tool_count, tool_first
+        )
+        num_calls = steps
+        branch = np.zeros(step.size, dtype=np.int64)
     return (
         steps, num_calls, inp, out, step, branch, tool_after, tool_count, tool_first, service_s,
         accepted,
     )  # fmt: skip
+
+
+def _split_units(
+    max_unit_tokens: int,
+    owner: IntArray,
+    n_tasks: int,
+    inp: IntArray,
+    out: IntArray,
+    tool_after: FloatArray,
+    tool_count: IntArray,
+    tool_first: IntArray,
+) -> tuple[IntArray, IntArray, IntArray, IntArray, FloatArray, IntArray, IntArray]:
+    """Each call of a one-branch class split into ``ceil((prompt + output) / max)`` units
+    run one after another, its prompt and output divided evenly (at least one of each
+    per unit); the tool calls after a call follow its last unit. Returns the steps per
+    task and the per-unit columns (prompt, output, step, tool time, tool count, first
+    tool call)."""
+    units = np.maximum(-(-(inp + out) // max_unit_tokens), 1)
+    source = np.repeat(np.arange(inp.size, dtype=np.int64), units)
+    starts = np.cumsum(units) - units
+    part = np.arange(source.size, dtype=np.int64) - starts[source]
+    k = units[source]
+
+    def divided(total: IntArray) -> IntArray:
+        t = total[source]
+        share: IntArray = np.maximum(t // k + (part < t % k), 1).astype(np.int64)
+        return share
+
+    last = part == k - 1
+    steps = np.bincount(owner[source], minlength=n_tasks).astype(np.int64)
+    _, step = _call_layout(steps)
+    return (
+        steps,
+        divided(inp),
+        divided(out),
+        step,
+        np.where(last, tool_after[source], 0.0),
+        np.where(last, tool_count[source], 0),
+        np.where(last, tool_first[source], -1),
+    )
 
 
 def _attempted_steps(

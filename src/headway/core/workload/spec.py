@@ -606,6 +606,12 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
     """Attempts at the task in all when outcomes are rejected (1: a rejected outcome is
     not retried)."""
 
+    max_unit_tokens: int | None = None
+    """Background work in bounded units (seed 000: "large backfill requests divided into
+    bounded units"): a call whose prompt plus output exceeds this is split into units of
+    at most this many tokens, its prompt and output divided evenly among them, run one
+    after another (None: calls are not split). Needs ``parallel_branches: 1``."""
+
     @property
     def expected_attempts(self) -> float:
         """Mean attempts per task: 1 + (1 − p) + ... + (1 − p)^(m − 1) for acceptance
@@ -633,6 +639,16 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
             0 < self.acceptance_probability <= 1,
             f"`acceptance_probability` must be in (0, 1] (got {self.acceptance_probability}); "
             "write 0.8 for 80% of outcomes accepted",
+        )
+        _require(
+            self.max_unit_tokens is None or self.max_unit_tokens >= 2,
+            f"`max_unit_tokens` must be >= 2 (got {self.max_unit_tokens}): a unit holds at "
+            "least one prompt and one output token",
+        )
+        _require(
+            self.max_unit_tokens is None or self.parallel_branches == 1,
+            f"`max_unit_tokens` splits a call into units run one after another; it needs "
+            f"`parallel_branches: 1` (got {self.parallel_branches})",
         )
         _require(
             1 <= self.max_task_attempts <= 10,

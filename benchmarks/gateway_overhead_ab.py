@@ -23,18 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from old_source import export_src  # benchmarks/old_source.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("cpu_ms_per_request", "cpu_us_per_chunk")
 SKIP = ("litellm", "overload", "obedience", "fairness", "infeasible", "disconnect")
-
-
-def _export(rev: str, folder: Path) -> Path:
-    """``rev``'s ``src`` under ``folder``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    return folder / "src"
 
 
 def _run(src: Path, requests: int) -> dict[str, float]:
@@ -57,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory() as folder:
-        sources = {"old": _export(args.old, Path(folder)), "new": ROOT / "src"}
+        sources = {"old": export_src(args.old, Path(folder)), "new": ROOT / "src"}
         for repeat in range(args.repeats):
             for label in ("old", "new") if repeat % 2 == 0 else ("new", "old"):
                 figures = _run(sources[label], args.requests)

@@ -33,7 +33,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from types import ModuleType
 from typing import Any
 
 from headway.metrics_catalog import EMULATOR, FINISHED_REASONS, Metrics, gateway_specs
+from old_source import export_src  # benchmarks/old_source.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_US = 20.0
@@ -52,15 +52,6 @@ MODEL = "llama-3-8b"
 
 Workload = Callable[[int], None]
 """Does the updates of ``n`` requests (or steps)."""
-
-
-def _export(rev: str, folder: Path) -> Path:
-    """``rev``'s ``src`` under ``folder``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    return folder / "src"
 
 
 def _load(path: Path, name: str) -> ModuleType:
@@ -238,7 +229,7 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=16)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        src = _export(args.old, Path(folder)) / "headway"
+        src = export_src(args.old, Path(folder)) / "headway"
         old_gw = _load(src / "gateway" / "metrics.py", "old_gateway_metrics")
         old_emu = _load(src / "emulate" / "metrics.py", "old_emulator_metrics")
     workloads: dict[str, dict[str, Workload]] = {

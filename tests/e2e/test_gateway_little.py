@@ -6,14 +6,13 @@ gauge's sampling."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from headway.core.metrics import little_from_counters
+from headway.core.metrics import little_from_counters, sampled_area
 from headway.drill.observe import Metrics
 from headway.emulate.process import EmulatorProcess
 from headway.gateway.process import GatewayProcess
@@ -66,7 +65,7 @@ def test_the_gateways_own_counters_satisfy_littles_law() -> None:
         window_s = time.monotonic() - start
     assert set(codes) == {200}
     assert after.total("headway_gateway_requests_in_system") == 0
-    area = sum((t1 - t0) * (n0 + n1) / 2 for (t0, n0), (t1, n1) in itertools.pairwise(samples))
+    area = sampled_area([t for t, _ in samples], [n for _, n in samples])
     name = "headway_gateway_request_duration_seconds"
 
     def delta(metric: str) -> float:

@@ -25,6 +25,7 @@ from headway.core.metrics import (
     tpot_s,
 )
 from headway.core.workload.compile import CompiledWorkload
+from headway.sim.results import Little, little_of
 
 SCHEMA = "headway.bench/1"
 FloatArray = npt.NDArray[np.float64]
@@ -147,18 +148,6 @@ class Outcomes(msgspec.Struct, frozen=True, kw_only=True):
     max_open_connections: int
 
 
-class Little(msgspec.Struct, frozen=True, kw_only=True):
-    """Little's law at the client (calls on the wire: sent, not ended), over the span the
-    senders sampled: their own count of calls in flight (L, sampled every 50 ms) against
-    λW from the records (a mismatch says the records and the live count disagree)."""
-
-    mean_in_system: float
-    arrival_rate_per_s: float
-    mean_time_in_system_s: float
-    lambda_w: float
-    relative_mismatch: float
-
-
 def client_little(r: CallRecords, in_flight_s: float, sampled_s: float) -> Little | None:
     """The check over ``[0, sampled_s]`` (None: nothing was sampled)."""
     if sampled_s <= 0:
@@ -166,18 +155,13 @@ def client_little(r: CallRecords, in_flight_s: float, sampled_s: float) -> Littl
     sent = np.isfinite(r.sent_s) & (r.sent_s >= 0) & (r.sent_s <= sampled_s)
     held_s = float(time_inside_s(r.sent_s, r.end_s, 0.0, sampled_s).sum())
     arrivals = int(sent.sum())
-    check = LittleCheck(
-        "client (calls on the wire)",
-        in_flight_s / sampled_s,
-        arrivals / sampled_s,
-        held_s / arrivals if arrivals else 0.0,
-    )
-    return Little(
-        mean_in_system=check.mean_in_system,
-        arrival_rate_per_s=check.arrival_rate_per_s,
-        mean_time_in_system_s=check.mean_time_in_system_s,
-        lambda_w=check.lambda_w,
-        relative_mismatch=check.relative_mismatch,
+    return little_of(
+        LittleCheck(
+            "client (calls on the wire, sampled every 50 ms by the senders)",
+            in_flight_s / sampled_s,
+            arrivals / sampled_s,
+            held_s / arrivals if arrivals else 0.0,
+        )
     )
 
 
@@ -222,7 +206,9 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     warnings: list[str] = msgspec.field(default_factory=list)
     """What the reader should know (token drift past 2%)."""
     little: Little | None = None
-    """Little's law at the client: the senders' live count against the records."""
+    """Little's law at the client (calls on the wire: sent, not ended), over the span the
+    senders sampled: their own count of calls in flight (L, sampled every 50 ms) against
+    λW from the records (a mismatch says the records and the live count disagree)."""
 
 
 def _gap_cv(times: FloatArray) -> float | None:

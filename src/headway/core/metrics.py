@@ -9,6 +9,7 @@ per second.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,6 +170,15 @@ def little_check(
     arrivals = int(entered.sum())
     held_s = float(time_inside_s(enter_s, leave_s, window_start_s, window_end_s).sum())
     return LittleCheck(boundary, mean_l, arrivals / span, held_s / arrivals if arrivals else 0.0)
+
+
+def sampled_area(times_s: Sequence[float], counts: Sequence[float]) -> float:
+    """The integral of a count sampled at ``times_s`` over their span (trapezoids): the
+    item-seconds a scraped gauge saw, for L = area / window."""
+    return sum(
+        (t1 - t0) * (n0 + n1) / 2
+        for (t0, n0), (t1, n1) in itertools.pairwise(zip(times_s, counts, strict=True))
+    )
 
 
 def little_from_counters(

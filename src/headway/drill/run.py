@@ -20,7 +20,7 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
-from headway.core.metrics import little_from_counters
+from headway.core.metrics import little_from_counters, sampled_area
 from headway.drill.load import STATES, LoadRun
 from headway.drill.observe import Metrics, rss_mb, scrape, scrape_all
 from headway.drill.spec import Drill, Fault
@@ -440,14 +440,13 @@ def _gateway_little(
     ended = _delta(after, before, f"{name}_count")
     if len(t) < 2 or window_s <= 0 or not ended:
         return {"gateway_little_mismatch": math.nan}
-    area = sum((t[i + 1] - t[i]) * (n[i] + n[i + 1]) / 2 for i in range(len(t) - 1))
     check = little_from_counters(
         "gateway",
         window_s=window_s,
         arrivals=_delta(after, before, "headway_gateway_requests_offered_total"),
         ended=ended,
         time_in_system_s=_delta(after, before, f"{name}_sum"),
-        mean_in_system=area / window_s,
+        mean_in_system=sampled_area(t, n) / window_s,
     )
     return {
         "gateway_little_mismatch": check.relative_mismatch,

@@ -15,6 +15,13 @@ from headway.report.tables import fmt, heat, pct, seconds, share, table
 from headway.sim.segments import COLD_WINDOW_S, MIN_RANKED_CALLS, MIN_RANKED_SHARE
 
 
+def _per_task(point: dict[str, Any], calls_per_s: float) -> float:
+    """``calls_per_s`` at a sweep point in tasks/s: divided by the calls each task makes
+    there (SLO goodput counts calls; the other two numbers count tasks)."""
+    tasks, calls = point["offered_tasks_per_s"], point["offered_calls_per_s"]
+    return calls_per_s * tasks / calls if calls else 0.0
+
+
 def capacity_section(sim: dict[str, Any]) -> str:
     """SLO attainment and goodput against offered load, the knee and the peak marked."""
     knee, sweep = sim.get("knee"), sim.get("sweep") or []
@@ -58,19 +65,14 @@ def capacity_section(sim: dict[str, Any]) -> str:
         [*rules, *([Rule(f"target {target:.0%}", target, axis="y")] if target else [])],
     )
 
-    # One unit on both axes: SLO goodput (calls that met every bound, per second) in
-    # tasks/s, divided by the calls each task makes at that point, against the offered.
-    def per_task(p: dict[str, Any], calls_per_s: float) -> float:
-        tasks, calls = p["sweep"]["offered_tasks_per_s"], p["sweep"]["offered_calls_per_s"]
-        return calls_per_s * tasks / calls if calls else 0.0
-
+    # One unit on both axes: SLO goodput in tasks/s against the offered.
     goodput = line_chart(
         Frame("goodput", "Goodput against offered load", "offered tasks/s", "tasks/s"),
         [
             Line(
                 "SLO goodput (calls/s ÷ calls per task)",
                 [
-                    (r, per_task(p, p["sweep"]["goodput_per_s"]))
+                    (r, _per_task(p["sweep"], p["sweep"]["goodput_per_s"]))
                     for r, p in zip(rate, sweep, strict=True)
                 ],
             ),
@@ -132,7 +134,7 @@ def three_numbers_section(sim: dict[str, Any]) -> str:
     for p in sweep:
         s = p["sweep"]
         tasks, calls = s["offered_tasks_per_s"], s["offered_calls_per_s"]
-        slo_tasks = s["goodput_per_s"] * tasks / calls if calls else 0.0
+        slo_tasks = _per_task(s, s["goodput_per_s"])
         verified = s.get("verified_goodput_per_s", 0.0)
         serving = 1.0 - s["goodput_per_s"] / calls if calls else None
         workflow = 1.0 - verified / slo_tasks if slo_tasks else None

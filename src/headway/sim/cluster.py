@@ -204,6 +204,20 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         if self.pools:
             self._check_pools()
 
+    def _in_use(self, *features: str) -> list[str]:
+        """Of ``features`` (``gateway``, ``faults``, ``autoscaler``, ``disaggregation``),
+        those this cluster uses, named as the file writes them."""
+        used = {
+            "gateway": (
+                "`gateway: {preset: headway-default}`",
+                self.gateway.preset != "fifo-unbounded",
+            ),
+            "faults": ("`faults`", bool(self.faults)),
+            "autoscaler": ("`autoscaler`", self.autoscaler is not None),
+            "disaggregation": ("`disaggregation`", self.disaggregation is not None),
+        }
+        return [used[f][0] for f in features if used[f][1]]
+
     def _check_pools(self) -> None:
         total = 0
         seen: dict[str, str] = {}
@@ -233,15 +247,7 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 f"the pools' engines use block sizes {sorted(sizes)}: give them one "
                 "`engine.block_size`"
             )
-        unsupported = [
-            name
-            for name, used in (
-                ("`gateway: {preset: headway-default}`", self.gateway.preset != "fifo-unbounded"),
-                ("`autoscaler`", self.autoscaler is not None),
-                ("`disaggregation`", self.disaggregation is not None),
-            )
-            if used
-        ]
+        unsupported = self._in_use("gateway", "autoscaler", "disaggregation")
         if unsupported:
             raise ValueError(
                 f"`pools` are not simulated together with {', '.join(unsupported)} yet; "
@@ -255,15 +261,7 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 f"(got {disagg.prefill_replicas}); at least one replica must decode: lower it "
                 "or raise `replicas`"
             )
-        unsupported = [
-            name
-            for name, used in (
-                ("`gateway: {preset: headway-default}`", self.gateway.preset != "fifo-unbounded"),
-                ("`faults`", bool(self.faults)),
-                ("`autoscaler`", self.autoscaler is not None),
-            )
-            if used
-        ]
+        unsupported = self._in_use("gateway", "faults", "autoscaler")
         if unsupported:
             raise ValueError(
                 f"`disaggregation` is not simulated together with {', '.join(unsupported)} "

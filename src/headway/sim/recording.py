@@ -93,6 +93,7 @@ class Recording(SimState):
         ``loop_wall_s`` seconds of wall-clock time."""
         timeline = np.array(self._timeline) if self._timeline else np.zeros((0, 4))
         at = np.array(self._boundary_samples) if self._boundary_samples else np.zeros((0, 4))
+        up_s = [(now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers]
         return SimOutcome(
             calls=self._call_records(),
             task_finish_s=self.task_finish_s,
@@ -115,12 +116,8 @@ class Recording(SimState):
                 d.model.scheduler.num_prefix_queried_tokens for d in self.drivers
             ),
             prefix_hit_tokens=sum(d.model.scheduler.num_prefix_hit_tokens for d in self.drivers),
-            replica_s=sum(
-                (now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers
-            ),
-            replica_up_s=[
-                (now if d.stopped_s is None else d.stopped_s) - d.started_s for d in self.drivers
-            ],
+            replica_s=sum(up_s),
+            replica_up_s=up_s,
             replica_busy_s=[d.busy_s for d in self.drivers],
             replicas_provisioned_max=max(
                 [self._initial_replicas] + [n for _, n in self._scale_events]

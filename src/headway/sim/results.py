@@ -458,7 +458,7 @@ def build_result(
         occupancy,
     )
     boundaries = [
-        _little(
+        little_of(
             little_check(
                 "tasks (arrival to finish or failure)",
                 w.task_arrival_s,
@@ -469,7 +469,7 @@ def build_result(
                 out.timeline_tasks.astype(np.float64),
             )
         ),
-        _little(
+        little_of(
             little_check(
                 "gateway (calls offered, not yet ended)",
                 c.arrival_s,
@@ -480,13 +480,13 @@ def build_result(
                 out.timeline_calls.astype(np.float64),
             )
         ),
-        _little(little),
+        little_of(little),
         _kv_little(out, window_s),
     ]
     if w.service_names:
         tools = out.tool_stays_s
         boundaries.append(
-            _little(
+            little_of(
                 little_check(
                     "downstream services (tool calls waiting or served)",
                     tools[:, 0],
@@ -570,7 +570,7 @@ def build_result(
             waiting=out.timeline_waiting.tolist(),
             kv_usage=out.timeline_kv_usage.tolist(),
         ),
-        little=_little(little),
+        little=little_of(little),
         little_boundaries=boundaries,
         engine=EngineStats(
             replicas=num_replicas,
@@ -615,7 +615,8 @@ def _segment(dimension: str, g: Group, total: int, *, alone: bool) -> Segment:
     )
 
 
-def _little(check: LittleCheck) -> Little:
+def little_of(check: LittleCheck) -> Little:
+    """The check as the results report it."""
     return Little(
         boundary=check.boundary,
         mean_in_system=check.mean_in_system,
@@ -707,7 +708,7 @@ def _kv_little(out: SimOutcome, window_s: float) -> Little:
         blocks_entered / max(window_s, 1e-9),
         block_s / blocks_entered if blocks_entered else 0.0,
     )
-    return _little(check)
+    return little_of(check)
 
 
 def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:

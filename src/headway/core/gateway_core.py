@@ -28,7 +28,7 @@ The live gateway (:mod:`headway.gateway.control`) drives it on the wall clock.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -224,6 +224,13 @@ class GatewayCore:
         self.budgets = budgets
         self.admission = AdmissionPolicy(self._local(settings.admission))
         self.queues: PriorityQueues[Lease] = PriorityQueues(settings.queues)
+        """The line of requests bound for no route (every upstream serves them)."""
+        self._lanes: dict[str | None, PriorityQueues[Lease]] = {None: self.queues}
+        """Per route, its own line (seed 000: separate queues for unlike work): a route
+        whose upstreams are full holds back its own requests, never another route's."""
+        self._lane_running: dict[str | None, dict[str, int]] = {None: dict.fromkeys(BANDS, 0)}
+        """Per lane, its dispatched requests per band (the lane's band reserves count them
+        against the slots of the upstreams serving its route)."""
         self.fallback = FallbackPolicy(settings.fallback)
         self.router = router or Router("least_outstanding_requests")
         self.speed_prior = speed_prior
@@ -259,7 +266,8 @@ class GatewayCore:
             self.speed_prior = speed_prior
             self.speeds = ServiceSpeeds(speed_prior)
         self.admission.reconfigure(now, self._local(settings.admission))
-        self.queues.reconfigure(settings.queues)
+        for lane in self._lanes.values():
+            lane.reconfigure(settings.queues)
         self.slots.shares = dict(settings.slot_shares)
         self.slots.headroom = settings.tenant_slot_headroom
         self.slots.active_s = settings.tenant_active_s
@@ -290,8 +298,9 @@ class GatewayCore:
         the first time the slot caps change by a tenant's last arrival ageing out or an
         ejected upstream comes back into rotation (either may let a queued lease go with
         no other event)."""
-        deadline_s = self.queues.next_deadline_s()
-        if not len(self.queues):
+        deadlines = [d for q in self._lanes.values() if (d := q.next_deadline_s()) is not None]
+        deadline_s = min(deadlines, default=None)
+        if not self.queued_requests():
             return deadline_s
         times = [] if deadline_s is None else [deadline_s]
         change_s = self.slots.next_change_s(now, self.in_flight)
@@ -305,6 +314,25 @@ class GatewayCore:
         its deadline, then dispatch what a cap or an ejection no longer holds back."""
         self.expire(now)
         self.pump(now)
+
+    # -- lanes -------------------------------------------------------------------------------
+
+    def lane(self, route: str | None) -> PriorityQueues[Lease]:
+        """The line of requests bound for ``route`` (made on first use)."""
+        lane = self._lanes.get(route)
+        if lane is None:
+            lane = self._lanes[route] = PriorityQueues(self.settings.queues)
+            self._lane_running[route] = dict.fromkeys(BANDS, 0)
+        return lane
+
+    def queued_requests(self) -> int:
+        """Requests waiting in every lane."""
+        return sum(len(q) for q in self._lanes.values())
+
+    def lane_slots(self, now: float, route: str | None) -> int:
+        """Dispatch slots of the ready upstreams that serve ``route``."""
+        ups = self.source.upstreams()
+        return sum(u.slots for u in ups if u.ready_at(now) and _serves(u, route))
 
     # -- state -----------------------------------------------------------------------------
 
@@ -372,8 +400,10 @@ class GatewayCore:
         ups = self.source.upstreams()
         ready = [u for u in ups if u.ready_at(now) and _serves(u, route)]
         total = sum(u.slots for u in ready)
-        if total > self.queues.config.reserved_slots(total):
-            by_band = self.queues.free_slots_by_band(total_slots=total, running=self.running)
+        lane = self.lane(route)
+        if total > lane.config.reserved_slots(total):
+            running = self._lane_running[route]
+            by_band = lane.free_slots_by_band(total_slots=total, running=running)
             free_slots: dict[str, int] = dict(by_band.items())
         else:
             free_slots = {}
@@ -386,7 +416,7 @@ class GatewayCore:
             if n
         }
         return LoadSnapshot(
-            queues=self.queues.statistics(now),
+            queues=lane.statistics(now),
             free_slots=free_slots,
             free_kv_blocks=best.free_kv_blocks if best else 0,
             total_kv_blocks=(
@@ -472,7 +502,7 @@ class GatewayCore:
                 return lease
             decision = Enqueue(request.priority)  # no upstream free for its revision: wait
         assert isinstance(decision, Enqueue)
-        refused = self.admission.enqueue(now, self.queues, lease, request, decision)
+        refused = self.admission.enqueue(now, self.lane(route), lease, request, decision)
         if refused is not None:
             self._give_back(now, request.tenant, request.cost_tokens)
             return refused
@@ -496,6 +526,7 @@ class GatewayCore:
 
     def _dispatch(self, lease: Lease, upstream: UpstreamState) -> None:
         self.running[lease.band] += 1
+        self._lane_running[lease.route][lease.band] += 1
         self.slots.took(lease.tenant)
         lease.upstream = upstream
         upstream.outstanding_requests += 1
@@ -530,8 +561,9 @@ class GatewayCore:
         self._unload(lease)
         lease.upstream = None
         self.running[lease.band] -= 1
+        self._lane_running[lease.route][lease.band] -= 1
         self.slots.gave_back(lease.tenant)
-        self.queues.push(
+        self.lane(lease.route).push(
             now, lease, band=lease.band, tenant=lease.tenant, cost_tokens=lease.cost_tokens,
             deadline_s=lease.deadline_s, front=True,
         )  # fmt: skip
@@ -556,8 +588,9 @@ class GatewayCore:
         if lease.upstream is not None:
             self._unload(lease)
             self.running[lease.band] -= 1
+            self._lane_running[lease.route][lease.band] -= 1
             self.slots.gave_back(lease.tenant)
-        elif not self.queues.withdraw(lease, lease.band, lease.tenant):
+        elif not self.lane(lease.route).withdraw(lease, lease.band, lease.tenant):
             lease.dead = True  # not found waiting (a race with a pop): skipped when popped
         lease.queued = False
         self.in_flight[lease.tenant] -= 1
@@ -584,14 +617,29 @@ class GatewayCore:
         self.release(now, lease, completed=phase is Phase.COMPLETED, unused_tokens=unused)
 
     def pump(self, now: float) -> None:
-        """Dispatch queued requests while slots and upstreams are free. Token-aware: the
-        request the queues' order picks goes only to an upstream with unpromised KV
-        blocks for its projection; else it keeps its place and nothing overtakes it."""
-        total = self.total_slots(now)
-        if total <= self.queues.config.reserved_slots(total):
-            self.expire(now)
+        """Dispatch queued requests while slots and upstreams are free, lane by lane (a
+        route's line is held back only by its own upstreams). Token-aware: the request
+        a line's order picks goes only to an upstream with unpromised KV blocks for its
+        projection; else it keeps its place and nothing in its line overtakes it."""
+        all_slots = self.total_slots(now)
+        if all_slots > 0:
+            eligible = self.slots.eligible(self.slot_caps(now, all_slots))
+            for route, lane in self._lanes.items():
+                if len(lane):
+                    self._pump_lane(now, route, lane, eligible)
+        self.expire(now)
+
+    def _pump_lane(
+        self,
+        now: float,
+        route: str | None,
+        lane: PriorityQueues[Lease],
+        eligible: Callable[[str], bool] | None,
+    ) -> None:
+        total = self.lane_slots(now, route)
+        if total <= lane.config.reserved_slots(total):
             return
-        eligible = self.slots.eligible(self.slot_caps(now, total))
+        running = self._lane_running[route]
         picked: list[int] = []
 
         def fits(queued: Queued[Lease]) -> bool:
@@ -605,8 +653,8 @@ class GatewayCore:
             return True
 
         while True:
-            got = self.queues.try_pop(
-                now, total_slots=total, running=self.running, fits=fits, eligible=eligible
+            got = lane.try_pop(
+                now, total_slots=total, running=running, fits=fits, eligible=eligible
             )
             if got is None:
                 break
@@ -615,7 +663,6 @@ class GatewayCore:
                 self.skipped_dead += 1
                 continue
             self._dispatch(lease, self.source.upstreams()[picked[-1]])
-        self.expire(now)
 
     def _route_queued(self, now: float, lease: Lease) -> int | None:
         """Where a queued lease goes now (None: it waits). A retry waits for an upstream
@@ -633,12 +680,17 @@ class GatewayCore:
 
     def expire(self, now: float) -> None:
         """End the queued requests whose deadline passed (EXPIRED, never sent)."""
-        gone_now = self.queues.expire(now)
+        for lane in self._lanes.values():
+            if len(lane):
+                self._expire_lane(now, lane)
+
+    def _expire_lane(self, now: float, lane: PriorityQueues[Lease]) -> None:
+        gone_now = lane.expire(now)
         if not gone_now:
             return
         # When to come back: the time its band's line needs to drain, as admission says
         # for a full queue (capped like every Retry-After).
-        bands = self.queues.statistics(now).bands
+        bands = lane.statistics(now).bands
         cap_s = self.admission.config.max_retry_after_s
         for gone in gone_now:
             lease = gone.item
@@ -660,11 +712,15 @@ class GatewayCore:
 
     def queued_by(self, now: float) -> tuple[dict[str, int], dict[str, int]]:
         """Queue depth per band and per tenant (the live ones, for metrics)."""
-        stats = self.queues.statistics(now)
-        return (
-            {b: s.queued_requests for b, s in stats.bands.items()},
-            {t: s.queued_requests for t, s in stats.tenants.items()},
-        )
+        bands: dict[str, int] = {}
+        tenants: dict[str, int] = {}
+        for lane in self._lanes.values():
+            stats = lane.statistics(now)
+            for b, st in stats.bands.items():
+                bands[b] = bands.get(b, 0) + st.queued_requests
+            for t, st in stats.tenants.items():
+                tenants[t] = tenants.get(t, 0) + st.queued_requests
+        return bands, tenants
 
 
 def _serves(upstream: UpstreamState, route: str | None) -> bool:

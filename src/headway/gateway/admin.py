@@ -71,7 +71,7 @@ class AdminAPI:
             for u in ctl.source.upstreams()
         ]  # fmt: skip
         return web.json_response(
-            {"upstreams": ups, "running": ctl.running, "queued": len(ctl.queues)}
+            {"upstreams": ups, "running": ctl.running, "queued": ctl.core.queued_requests()}
         )
 
     async def _admin_drain(self, request: web.Request) -> web.Response:

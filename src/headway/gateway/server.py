@@ -148,7 +148,7 @@ class GatewayServer(AdminAPI, Generation):
         ctl.draining = True
         limit_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         end = time.monotonic() + limit_s
-        while len(ctl.queues) or any(ctl.in_flight.values()):
+        while ctl.core.queued_requests() or any(ctl.in_flight.values()):
             if time.monotonic() >= end:
                 return False
             await asyncio.sleep(0.05)

@@ -168,3 +168,32 @@ def test_a_light_tenant_is_dispatched_at_once_beside_a_flood() -> None:
         core.release(now, light, completed=True)
     assert max(held) <= heavy_cap, held
     assert core.queued_by(now)[1]["heavy"] >= 1  # the contention was real: it queued
+
+
+def _route_offer(core: GatewayCore, now: float, route: str) -> Lease:
+    request = AdmissionRequest(tenant="acme", prompt_tokens=100, p95_output_tokens=10)
+    lease = core.offer(now, request, route=route)
+    assert isinstance(lease, Lease), lease
+    return lease
+
+
+def test_a_full_route_holds_back_only_its_own_requests() -> None:
+    """Seed 000: separate queues for unlike work. A route whose upstreams are full keeps
+    its requests waiting; another route's requests, offered after them, go to their own
+    free upstream at once, and when that one frees, its line moves while the full route's
+    head still waits (one shared line held the bulk request behind the agent's head)."""
+    agent = UpstreamState(url="agent", slots=1, route="agent")
+    bulk = UpstreamState(url="bulk", slots=1, route="bulk")
+    core = _core(agent, bulk)
+    running = _route_offer(core, 0.0, "agent")
+    waiting = _route_offer(core, 0.1, "agent")
+    assert running.upstream is agent and waiting.queued
+    first_bulk = _route_offer(core, 0.2, "bulk")
+    assert first_bulk.upstream is bulk  # not queued behind the agent route's line
+    second_bulk = _route_offer(core, 0.3, "bulk")
+    assert second_bulk.queued and core.queued_requests() == 2
+    core.release(0.4, first_bulk, completed=True)
+    assert second_bulk.upstream is bulk and waiting.queued
+    assert core.outcomes() == [(second_bulk, bulk)]
+    core.release(0.5, running, completed=True)
+    assert waiting.upstream is agent and core.queued_requests() == 0

@@ -14,6 +14,7 @@ import pytest
 from headway.check.contract import read_contract
 from headway.cli import main
 from headway.emulate.process import EmulatorProcess
+from headway.gateway.process import GatewayProcess
 from headway.loopback import free_port
 
 SECRET = "sk-check-never-written"
@@ -114,3 +115,26 @@ def test_an_unreachable_target_is_one_line_and_exit_code_2(
     assert f"--target {url}: cannot reach it" in err and "is the server up" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "c.json").exists()
+
+
+def test_through_a_keyed_gateway_the_key_is_used_and_never_written(
+    emulators: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gateway asks for a tenant's key, as a hosted API does: without it the check is
+    one line naming --api-key; with it, the relay matches the engine behind it."""
+    config = {
+        "upstreams": [{"url": emulators["r1"]}],
+        "tenants": {SECRET: {"name": "acme", "max_priority": "interactive"}},
+    }
+    out = tmp_path / "gw.json"
+    with GatewayProcess(config) as gw:
+        code = main(["check", "--target", gw.url, "--write", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and "--api-key" in err and "Traceback" not in err
+        code, verdict, err = _check(
+            capsys, "--target", gw.url, "--api-key", SECRET, "--reference", emulators["r1"],
+            "--write", str(out),
+        )  # fmt: skip
+    assert (code, verdict["first_mismatch"]) == (0, None), verdict
+    assert _statuses(verdict)["greedy_output"] == "match"
+    assert SECRET not in json.dumps(verdict) + err + out.read_text()

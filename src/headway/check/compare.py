@@ -43,17 +43,17 @@ NEXT_STEPS: Final = {
     "chat_template": "inspect the chat template: --chat-template or tokenizer_config.json's "
     "chat_template, its role tags and turn separators, injected system text, and the BOS "
     "it adds",
-    "greedy_output": "tokens in match but greedy tokens out differ: inspect the weights: "
-    "model revision, adapter (LoRA) loading, weight conversion, numerical format (dtype, "
-    "quantization), unsupported kernel fallbacks",
-    "eos": "tokens match but generation stops elsewhere: inspect EOS and stop rules: the "
-    "eos_token_id of generation_config.json (--generation-config), stop_token_ids, "
+    "greedy_output": "inspect the weights (the same tokens in give other greedy tokens "
+    "out): model revision, adapter (LoRA) loading, weight conversion, numerical format "
+    "(dtype, quantization), unsupported kernel fallbacks",
+    "eos": "inspect EOS and stop rules (the tokens match but generation stops elsewhere): "
+    "the eos_token_id of generation_config.json (--generation-config), stop_token_ids, "
     "ignore_eos and min_tokens defaults",
     "stop_strings": "inspect the stop rules: how the server matches stop strings "
     "(include_stop_str_in_output, detokenization of special tokens), or whether it "
     "ignores stop",
-    "logprobs": "deterministic logits drift: inspect the numerical format (dtype, "
-    "quantization), unsupported kernel fallbacks, adapter loading and weight conversion",
+    "logprobs": "inspect the numerical format (deterministic logits drift): dtype, "
+    "quantization, unsupported kernel fallbacks, adapter loading and weight conversion",
     "usage": "inspect the usage accounting: which tokens the server counts (BOS, template "
     "tokens, the stop token); billing and token budgets built on it differ",
 }
@@ -292,13 +292,13 @@ def compare(
             continue
         step = NEXT_STEPS[name]
         if detail.startswith(_PROMPT_IDS):
-            step = f"the prompt's token ids differ: {NEXT_STEPS['tokenizer']}"
+            step = f"{NEXT_STEPS['tokenizer']} (the prompt's token ids differ)"
         unchecked = [n for n in _UNCHECKED_FIRST.get(name, ()) if n in unavailable]
         if unchecked:
             step = (
                 f"{' and '.join(n.replace('_', ' ') for n in unchecked)} could not be "
                 f"compared (not available): inspect {'them' if len(unchecked) > 1 else 'it'} "
-                f"first; then {step}"
+                f"first, then {step.removeprefix('inspect ')}"
             )
         results.append(CheckResult(name, "mismatch", detail, step))
     return Verdict(tuple(results))

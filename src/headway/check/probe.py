@@ -347,115 +347,120 @@ def probe(
         ep.close()
 
 
-def _probe(ep: _Endpoint, inputs: Inputs, model_name: str | None) -> Contract:
-    model = _model(ep, model_name)
-    engine = _engine(ep)
-    missing: dict[str, str] = {}
-    tokenizer = template = None
-    found_tokenizer = _tokenizer(ep, model, inputs)
-    if isinstance(found_tokenizer, str):
-        missing["tokenizer"] = found_tokenizer
-    else:
-        tokenizer = found_tokenizer
-    found_template = _template(ep, model, inputs)
-    if isinstance(found_template, str):
-        missing["chat_template"] = found_template
-    else:
-        template = found_template
-
-    sampling = {"model": model, "prompt": inputs.prompt, "temperature": 0}
-    body = {**sampling, "max_tokens": inputs.max_tokens, "logprobs": 1}
-    answer = ep.completion(body, ignore_eos=True)
+def _greedy(
+    ep: _Endpoint, sampling: dict[str, Any], inputs: Inputs
+) -> tuple[Greedy | str, Logprobs | str, dict[str, Any]]:
+    """The greedy completion, its log-probabilities (or why not) and its usage."""
+    answer = ep.completion(
+        {**sampling, "max_tokens": inputs.max_tokens, "logprobs": 1}, ignore_eos=True
+    )
+    no_logprobs = "the completion carried no token_logprobs"
     if answer.status == 400:  # logprobs refused too
-        ep.notes.append(answer.why("POST /v1/completions with logprobs"))
+        no_logprobs = answer.why("POST /v1/completions with logprobs")
+        ep.notes.append(no_logprobs)
         answer = ep.call("POST", "/v1/completions", {**sampling, "max_tokens": inputs.max_tokens})
     choice = _choice(answer)
-    greedy = logprobs = None
-    usage: dict[str, Any] = {}
     if choice is None:
         why = answer.why("POST /v1/completions")
-        for name in ("greedy_output", "logprobs"):
-            missing[name] = why
-    else:
-        ids = _output_ids(choice)
-        greedy = Greedy(
-            text=str(choice.get("text") or ""),
-            finish_reason=str(choice.get("finish_reason") or ""),
-            ids=ids,
-            prompt_ids=_ids(choice.get("prompt_token_ids")),
-        )
-        values = _logprobs(choice)
-        if values is not None:
-            logprobs = Logprobs(values)
-        else:
-            missing["logprobs"] = "the completion carried no token_logprobs"
-        usage = _usage(answer)
+        return why, why, {}
+    greedy = Greedy(
+        text=str(choice.get("text") or ""),
+        finish_reason=str(choice.get("finish_reason") or ""),
+        ids=_output_ids(choice),
+        prompt_ids=_ids(choice.get("prompt_token_ids")),
+    )
+    values = _logprobs(choice)
+    logprobs = Logprobs(values) if values is not None else no_logprobs
+    return greedy, logprobs, _usage(answer)
 
-    eos: Eos | None = None
+
+def _eos(ep: _Endpoint, sampling: dict[str, Any], inputs: Inputs) -> Eos | str:
     answer = ep.completion({**sampling, "max_tokens": inputs.eos_max_tokens}, ignore_eos=False)
     choice = _choice(answer)
     if choice is None:
-        missing["eos"] = answer.why("POST /v1/completions (no ignore_eos)")
-    else:
-        eos = Eos(
-            text=str(choice.get("text") or ""),
-            finish_reason=str(choice.get("finish_reason") or ""),
-            completion_tokens=_int(_usage(answer).get("completion_tokens")),
-            ids=_ids(choice.get("token_ids")),
-        )
+        return answer.why("POST /v1/completions (no ignore_eos)")
+    return Eos(
+        text=str(choice.get("text") or ""),
+        finish_reason=str(choice.get("finish_reason") or ""),
+        completion_tokens=_int(_usage(answer).get("completion_tokens")),
+        ids=_ids(choice.get("token_ids")),
+    )
 
-    stop_record: StopString | None = None
-    stop = inputs.stop or (choose_stop(greedy.text) if greedy is not None else "")
+
+def _stop(
+    ep: _Endpoint, sampling: dict[str, Any], inputs: Inputs, stop: str, greedy: Greedy | None
+) -> StopString | str:
     if not stop:
-        missing["stop_strings"] = "the greedy output has no word to stop at"
-    else:
-        body = {**sampling, "max_tokens": inputs.max_tokens, "stop": [stop]}
-        answer = ep.completion(body, ignore_eos=True)
-        choice = _choice(answer)
-        if choice is None:
-            missing["stop_strings"] = answer.why("POST /v1/completions (stop)")
-        else:
-            text = str(choice.get("text") or "")
-            honoured = None
-            if greedy is not None and stop in greedy.text:
-                honoured = text == greedy.text[: greedy.text.find(stop)]
-            reason = choice.get("stop_reason")
-            stop_record = StopString(
-                stop=stop,
-                text=text,
-                finish_reason=str(choice.get("finish_reason") or ""),
-                stop_reason=reason if isinstance(reason, str | int) else None,
-                honoured=honoured,
-            )
+        return "the greedy output has no word to stop at"
+    body = {**sampling, "max_tokens": inputs.max_tokens, "stop": [stop]}
+    answer = ep.completion(body, ignore_eos=True)
+    choice = _choice(answer)
+    if choice is None:
+        return answer.why("POST /v1/completions (stop)")
+    text = str(choice.get("text") or "")
+    honoured = None
+    if greedy is not None and stop in greedy.text:
+        honoured = text == greedy.text[: greedy.text.find(stop)]
+    reason = choice.get("stop_reason")
+    return StopString(
+        stop=stop,
+        text=text,
+        finish_reason=str(choice.get("finish_reason") or ""),
+        stop_reason=reason if isinstance(reason, str | int) else None,
+        honoured=honoured,
+    )
 
-    chat_prompt_tokens = None
-    messages = msgspec.to_builtins(inputs.conversations[0]) if inputs.conversations else []
-    if messages:
-        body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
-        answer = ep.call("POST", "/v1/chat/completions", body)
-        if answer.status == 200:
-            chat_prompt_tokens = _int(_usage(answer).get("prompt_tokens"))
-        else:
-            ep.notes.append(answer.why("POST /v1/chat/completions"))
-    usage_record = Usage(
+
+def _chat_prompt_tokens(ep: _Endpoint, model: str, inputs: Inputs) -> int | None:
+    """``usage.prompt_tokens`` of the first conversation through the chat endpoint."""
+    if not inputs.conversations:
+        return None
+    messages = msgspec.to_builtins(inputs.conversations[0])
+    body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
+    answer = ep.call("POST", "/v1/chat/completions", body)
+    if answer.status != 200:
+        ep.notes.append(answer.why("POST /v1/chat/completions"))
+        return None
+    return _int(_usage(answer).get("prompt_tokens"))
+
+
+def _probe(ep: _Endpoint, inputs: Inputs, model_name: str | None) -> Contract:
+    model = _model(ep, model_name)
+    engine = _engine(ep)
+    sampling = {"model": model, "prompt": inputs.prompt, "temperature": 0}
+    tokenizer = _tokenizer(ep, model, inputs)
+    template = _template(ep, model, inputs)
+    greedy, logprobs, usage = _greedy(ep, sampling, inputs)
+    eos = _eos(ep, sampling, inputs)
+    greedy_record = greedy if isinstance(greedy, Greedy) else None
+    stop = inputs.stop or (choose_stop(greedy_record.text) if greedy_record else "")
+    stop_record = _stop(ep, sampling, inputs, stop, greedy_record)
+    counts = Usage(
         prompt_tokens=_int(usage.get("prompt_tokens")),
         completion_tokens=_int(usage.get("completion_tokens")),
-        chat_prompt_tokens=chat_prompt_tokens,
+        chat_prompt_tokens=_chat_prompt_tokens(ep, model, inputs),
     )
-    if usage_record == Usage():
-        missing["usage"] = "no answer carried usage"
+    records: dict[str, object] = {
+        "tokenizer": tokenizer,
+        "chat_template": template,
+        "greedy_output": greedy,
+        "eos": eos,
+        "stop_strings": stop_record,
+        "logprobs": logprobs,
+        "usage": counts if counts != Usage() else "no answer carried usage",
+    }
     return Contract(
         endpoint=public_url(ep.url),
         model=model,
         engine=engine,
         written_utc=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         inputs=msgspec.structs.replace(inputs, stop=stop),
-        tokenizer=tokenizer,
-        chat_template=template,
-        greedy_output=greedy,
-        eos=eos,
-        stop_strings=stop_record,
-        logprobs=logprobs,
-        usage=None if usage_record == Usage() else usage_record,
-        not_available=missing,
+        tokenizer=tokenizer if isinstance(tokenizer, Tokenizer) else None,
+        chat_template=template if isinstance(template, Template) else None,
+        greedy_output=greedy_record,
+        eos=eos if isinstance(eos, Eos) else None,
+        stop_strings=stop_record if isinstance(stop_record, StopString) else None,
+        logprobs=logprobs if isinstance(logprobs, Logprobs) else None,
+        usage=counts if counts != Usage() else None,
+        not_available={name: why for name, why in records.items() if isinstance(why, str)},
     )

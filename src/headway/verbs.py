@@ -54,6 +54,11 @@ VERBS: dict[str, Verb] = {
         "headway.calibrate.commands",
         "probe an OpenAI-compatible endpoint and fit a step-time profile",
     ),
+    "check": Verb(
+        "headway.check.commands",
+        "the endpoint contract: tokenizer, chat template, greedy ids, EOS, stop, logprobs, "
+        "usage; the first mismatch against a reference",
+    ),
     "bench": Verb(
         "headway.bench.commands",
         "open-loop load test of an OpenAI-compatible endpoint: goodput, tails, knee",

@@ -21,7 +21,7 @@ FORBIDDEN_ROOTS = {
 }  # fmt: skip
 DRIVER_PACKAGES = {
     "sim", "planner", "trace", "files", "live", "report", "cli", "bench", "emulate",
-    "gateway", "drill",
+    "gateway", "drill", "check",
 }  # fmt: skip
 
 

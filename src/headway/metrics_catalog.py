@@ -217,6 +217,12 @@ GATEWAY: tuple[MetricSpec, ...] = (
              "Calls sent to a fallback route, by the route asked for and the one used.",
              "route", "fallback"),
     _counter("headway_gateway_upstream_errors_total", "Failed upstream attempts.", "upstream"),
+    _counter("headway_gateway_release_route_backs_total",
+             "Times a release (an upstream revision) was routed back: its errors or latency "
+             "spiked against another release's, so unpinned calls avoid it for a hold.",
+             "revision"),
+    _gauge("headway_gateway_release_routed_back",
+           "1 while unpinned calls avoid the release (routed back).", "revision"),
     _counter("headway_gateway_completed_total",
              "Requests answered 2xx by an upstream, by tenant.", "tenant"),
     _counter("headway_gateway_goodput_requests_total",

@@ -52,6 +52,7 @@ from headway.core.policy.fallback import (
 )
 from headway.core.policy.queues import BANDS, Band, PriorityQueues, QueueConfig, Queued
 from headway.core.policy.rates import CompletionRates
+from headway.core.policy.releases import ReleaseChange, ReleaseGuard, ReleaseGuardConfig
 from headway.core.policy.routing import ReplicaLoad, Router, RouteRequest
 from headway.core.policy.slot_shares import TenantSlots
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior
@@ -76,7 +77,10 @@ class UpstreamState:
     url: str
     revision: str | None = None
     route: str | None = None
-    """The route it serves (None: every route)."""
+    """The route it serves (None: every route, unless ``routes``)."""
+    routes: frozenset[str] | None = None
+    """The routes it serves when they are several (a pool shared by routes; the
+    simulator's ``pools``); None: ``route`` says."""
     slots: int = 64
     total_kv_blocks: int = 1_000_000
     api_key: str | None = None
@@ -196,6 +200,11 @@ class CoreSettings:
     routes: Mapping[str, RouteView] = field(default_factory=dict)
     slot_shares: Mapping[str, float] = field(default_factory=dict)
     """Tenant name → its share of the slots (tenants not named: their queue weight)."""
+    route_slot_shares: Mapping[str, float] = field(default_factory=dict)
+    """Route name → the share of its upstreams' slots its lane may hold: a strict share of
+    a pool shared by routes (seed 000: background work "in a separate or strictly
+    controlled share"), a cap that is also a guarantee when the shares of the routes on
+    the pool add up to at most 1. Routes not named: every slot of their upstreams."""
     tenant_slot_headroom: float | None = 1.0
     """Slot shares on (a tenant's cap is its share × this), or None: off."""
     tenant_active_s: float = 2.0
@@ -203,6 +212,9 @@ class CoreSettings:
     measure_speeds: bool = True
     """Refine the speed estimate from answers (else the prior alone)."""
     kv_blocks_per_upstream: int = 1_000_000
+    release_guard: ReleaseGuardConfig = field(default_factory=ReleaseGuardConfig)
+    """When a release whose errors or latency spike is routed back
+    (:mod:`~headway.core.policy.releases`)."""
 
 
 class GatewayCore:
@@ -232,6 +244,9 @@ class GatewayCore:
         """Per lane, its dispatched requests per band (the lane's band reserves count them
         against the slots of the upstreams serving its route)."""
         self.fallback = FallbackPolicy(settings.fallback)
+        self.releases = ReleaseGuard(settings.release_guard)
+        """Which release unpinned calls avoid (seed 003: route to the previous release
+        when the current one's errors spike)."""
         self.router = router or Router("least_outstanding_requests")
         self.speed_prior = speed_prior
         self.speeds = ServiceSpeeds(speed_prior)
@@ -272,6 +287,7 @@ class GatewayCore:
         self.slots.headroom = settings.tenant_slot_headroom
         self.slots.active_s = settings.tenant_active_s
         self.fallback = FallbackPolicy(settings.fallback)
+        self.releases.config = settings.release_guard
         self.settings = settings
         self.pump(now)
 
@@ -330,9 +346,17 @@ class GatewayCore:
         return sum(len(q) for q in self._lanes.values())
 
     def lane_slots(self, now: float, route: str | None) -> int:
-        """Dispatch slots of the ready upstreams that serve ``route``."""
+        """Dispatch slots of the ready upstreams that serve ``route``, times its strict
+        share where it has one (rounded down)."""
         ups = self.source.upstreams()
-        return sum(u.slots for u in ups if u.ready_at(now) and _serves(u, route))
+        return self._shared(
+            route, sum(u.slots for u in ups if u.ready_at(now) and _serves(u, route))
+        )
+
+    def _shared(self, route: str | None, slots: int) -> int:
+        """``slots`` times ``route``'s strict share, if it has one."""
+        share = None if route is None else self.settings.route_slot_shares.get(route)
+        return slots if share is None else int(share * slots)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -353,6 +377,7 @@ class GatewayCore:
         (a queued lease): only where its projected KV blocks are unpromised, or nothing
         is dispatched (so a request larger than a whole pool still runs)."""
         ups = self.source.upstreams()
+        avoid = self._avoided_releases(now, lease, ups)
         loads = [
             ReplicaLoad(
                 outstanding_requests=u.outstanding_requests,
@@ -364,6 +389,7 @@ class GatewayCore:
                 and u.outstanding_requests < u.slots
                 and u not in exclude
                 and _serves(u, lease.route)
+                and (not avoid or u.revision not in avoid)
                 and (not fit or u.outstanding_requests == 0 or lease.blocks <= u.free_kv_blocks),
             )
             for u in ups
@@ -375,6 +401,33 @@ class GatewayCore:
             revision=lease.revision,
         )
         return self.router.route(now, request, loads)
+
+    def _avoided_releases(
+        self, now: float, lease: Lease, ups: Sequence[UpstreamState]
+    ) -> frozenset[str]:
+        """The releases ``lease`` avoids: the routed-back ones, unless it is pinned to a
+        revision or no ready upstream of its route serves another release."""
+        avoid = self.releases.avoided(now)
+        if not avoid or lease.revision is not None:
+            return frozenset()
+        if any(
+            u.ready_at(now) and _serves(u, lease.route) and u.revision not in avoid for u in ups
+        ):
+            return avoid
+        return frozenset()
+
+    def observe_attempt(
+        self, now: float, upstream: UpstreamState, *, error: bool, first_byte_s: float | None
+    ) -> list[ReleaseChange]:
+        """An attempt on ``upstream`` ended: an ``error`` (its engine's 5xx or a broken
+        connection; not a client's mistake nor an overload refusal), or answered after
+        ``first_byte_s``. Returns the releases routed back or returned by it (the driver
+        logs and counts them); a release routed back takes no unpinned call from now."""
+        self.releases.observe(now, upstream.revision, error=error, first_byte_s=first_byte_s)
+        changes = self.releases.changes()
+        if any(not c.routed_back for c in changes):
+            self.pump(now)  # a release back in traffic may take what waits
+        return changes
 
     def route_health(self, now: float, route: str | None) -> float:
         """Ready upstreams of ``route`` / its upstreams (0 when none serves it)."""
@@ -399,7 +452,7 @@ class GatewayCore:
         """The load admission reads for ``request`` (bound for ``route``) at ``now``."""
         ups = self.source.upstreams()
         ready = [u for u in ups if u.ready_at(now) and _serves(u, route)]
-        total = sum(u.slots for u in ready)
+        total = self._shared(route, sum(u.slots for u in ready))
         lane = self.lane(route)
         if total > lane.config.reserved_slots(total):
             running = self._lane_running[route]
@@ -514,6 +567,32 @@ class GatewayCore:
             if lease.upstream is not None:  # that pump dispatched it: the caller reads it
                 self._outcomes = [o for o in self._outcomes if o[0] is not lease]
         return lease
+
+    def offer_on_route(
+        self,
+        now: float,
+        request: AdmissionRequest,
+        route: str | None,
+        revision: str | None = None,
+    ) -> tuple[str | None, Shed | Lease]:
+        """:meth:`offer` on the route a call for ``route`` goes to (:meth:`choose_route`:
+        its own, or the fallback the core policy allows): that route, and the decision
+        there. A shed for want of upstreams names why no fallback was allowed. Both
+        drivers offer through here (the live one rewrites the body's ``model`` when the
+        route changed)."""
+        no_fallback = None
+        if route is not None:
+            route, no_fallback = self.choose_route(now, route)
+        got = self.offer(now, request, revision, route)
+        if (
+            no_fallback is not None
+            and isinstance(got, Shed)
+            and got.reason is ShedReason.DOWNSTREAM_UNHEALTHY
+        ):
+            got = dataclasses.replace(
+                got, detail=f"{got.detail}; no fallback: {no_fallback.detail}"
+            )
+        return route, got
 
     def _count_in(self, tenant: str) -> None:
         self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
@@ -725,4 +804,8 @@ class GatewayCore:
 
 def _serves(upstream: UpstreamState, route: str | None) -> bool:
     """Whether ``upstream`` takes calls for ``route`` (None: any call)."""
-    return route is None or upstream.route is None or upstream.route == route
+    if route is None:
+        return True
+    if upstream.routes is not None:
+        return route in upstream.routes
+    return upstream.route is None or upstream.route == route

@@ -240,6 +240,61 @@ _DRILLS: Final = [
         stack=StackSpec(gateway={"retries": {"max_attempts": 3}}),
     ),
     Drill(
+        name="bad-release-route-back",
+        title="A bad release routed back to the last good one",
+        seed_text="if error_rate_spikes: route to the previous release fingerprint",
+        designed=(
+            "Route back: a canary of release r2 beside two engines of r1 passes its "
+            "readiness probe but fails real traffic (its prompts over 20 tokens); the "
+            "gateway sees r2's error rate spike against r1's within its window and moves "
+            "unpinned calls to r1 with no manual step (an event in the log, a metric); "
+            "the attempts that failed before it are retried on r1 within the retry budget."
+        ),
+        load=LoadSpec(rate_per_s=12, duration_s=8, stream_fraction=0.5),
+        faults=[
+            Fault(
+                at_s=2.0,
+                action="engine_faults",
+                engine=2,
+                params={"fail_prompts_over_tokens": 20},
+            ),
+        ],
+        expect=[
+            Expect(
+                figure="route_back_within_s",
+                op="<=",
+                value=3.0,
+                why=(
+                    "the window judges r2 after 10 attempts on it (about 4 calls/s reach "
+                    "it) and the metric is read every 10 ms"
+                ),
+            ),
+            Expect(
+                figure="errors_after_route_back",
+                op="<=",
+                value=4,
+                why="only the calls already on r2 when it was routed back (its 4 slots)",
+            ),
+            Expect(
+                figure="server_errors",
+                op="<=",
+                value=10,
+                why=(
+                    "only attempts before the route-back fail: the 10 the window needs "
+                    "to judge r2 at most, less those retried on r1 within the retry budget"
+                ),
+            ),
+            NOTHING_LOST,
+        ],
+        stack=StackSpec(
+            revisions=["r1", "r1", "r2"],
+            gateway={
+                "retries": {"max_attempts": 3},
+                "release_guard": {"window_s": 5.0, "min_attempts": 10, "hold_s": 60.0},
+            },
+        ),
+    ),
+    Drill(
         name="queue-exhaustion",
         title="Exhaust the request queue, not device memory",
         seed_text="Exhaust the request queue without exhausting device memory.",

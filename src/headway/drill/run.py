@@ -24,7 +24,7 @@ from headway.core.metrics import little_from_counters, sampled_area
 from headway.drill.load import STATES, LoadRun
 from headway.drill.observe import Metrics, rss_mb, scrape, scrape_all
 from headway.drill.spec import Drill, Fault
-from headway.drill.stack import RemoteStack, Stack, Unsupported
+from headway.drill.stack import LocalStack, RemoteStack, Stack, Unsupported
 
 __all__ = ["FIGURES", "DrillResult", "run_drill"]
 
@@ -281,6 +281,31 @@ async def _watch_exclusion(
     return {"excluded_within_s": math.inf}
 
 
+async def _watch_route_back(
+    stack: Stack, session: aiohttp.ClientSession, fault: Fault, load: LoadRun
+) -> dict[str, float]:
+    """After a bad-release fault: seconds until every gateway routes the engine's release
+    back, and the gateways' count of its errors then (``errors_after_route_back`` is
+    the count at the end less this)."""
+    url = stack.engine_urls[fault.engine] if stack.engine_urls else ""
+    labels = (
+        {"revision": stack.spec.revision(fault.engine)} if isinstance(stack, LocalStack) else {}
+    )
+    start = load.started_s + fault.at_s
+    while time.monotonic() - start < 10.0:
+        gws = await _gateway_metrics(session, stack)
+        if all(m.total("headway_gateway_release_route_backs_total", **labels) > 0 for m in gws):
+            found_s = max(time.monotonic() - start, 0.0)
+            errors = sum(_upstream_errors(m, url) for m in gws)
+            return {"route_back_within_s": found_s, "errors_at_route_back": errors}
+        await asyncio.sleep(0.01)
+    return {"route_back_within_s": math.inf, "errors_at_route_back": math.inf}
+
+
+def _upstream_errors(metrics: Metrics, url: str) -> float:
+    return metrics.total("headway_gateway_upstream_errors_total", upstream=url)
+
+
 _READY_WAIT_S: Final = 60.0
 """After its faults, how long a drill that expects every upstream back in rotation waits
 for the gateways to route to all of them (a restarted real engine loads its model, then
@@ -358,6 +383,11 @@ async def run_drill(
             if (f.action == "engine_faults" and f.params.get("corrupt_fingerprint"))
             or (f.action == "redeploy_engine" and f.params.get("revision", "r1") != "r1")
         ]
+        watch += [
+            asyncio.create_task(_watch_route_back(stack, session, f, load))
+            for f in drill.faults
+            if f.action == "engine_faults" and f.params.get("fail_prompts_over_tokens")
+        ]
         try:
             await sending
             outcomes = await asyncio.gather(*jobs, *watch, return_exceptions=True)
@@ -391,6 +421,11 @@ async def run_drill(
             await asyncio.sleep(0.1)
         gw_after = await _gateway_metrics(session, stack)
         figures.update(_gateway_little(sampler, gw_before, gw_after, window_start))
+        for f in drill.faults:
+            if "errors_at_route_back" in figures and f.params.get("fail_prompts_over_tokens"):
+                url = stack.engine_urls[f.engine] if stack.engine_urls else ""
+                errors = sum(_upstream_errors(m, url) for m in gw_after)
+                figures["errors_after_route_back"] = errors - figures.pop("errors_at_route_back")
         versions = await asyncio.gather(*(_version(session, u) for u in stack.engine_urls))
         if versions:
             figures["serving_fingerprints_distinct"] = float(len(set(versions)))

@@ -69,6 +69,14 @@ class StackSpec(msgspec.Struct, frozen=True, kw_only=True):
     num_kv_blocks: int | None = None
     """Each engine's KV pool (None: from the GPU's memory)."""
 
+    revisions: list[str] = msgspec.field(default_factory=list)
+    """Each engine's revision, in order (missing ones: ``r1``): a release in progress,
+    such as a canary of ``r2`` beside ``r1``."""
+
+    def revision(self, engine: int) -> str:
+        """Engine ``engine``'s revision."""
+        return self.revisions[engine] if engine < len(self.revisions) else "r1"
+
 
 class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The clients: an open-loop Poisson stream of chat requests."""

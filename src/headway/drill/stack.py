@@ -133,7 +133,10 @@ class LocalStack:
         """The gateway config for the engines now running."""
         spec = self.spec
         config: dict[str, Any] = {
-            "upstreams": [{"url": u, "model": MODEL, "revision": "r1"} for u in self.engine_urls],
+            "upstreams": [
+                {"url": u, "model": MODEL, "revision": spec.revision(i)}
+                for i, u in enumerate(self.engine_urls)
+            ],
             "tenants": copy.deepcopy(TENANTS),
             "slots_per_upstream": spec.max_num_seqs,
             "admin_token": ADMIN_TOKEN,
@@ -158,8 +161,8 @@ class LocalStack:
                     raise Unsupported("needs redis-server (apt-get install redis-server)")
                 self.redis = RedisServer()
                 self.redis.start()
-            for _ in range(self.spec.upstreams):
-                args = self._engine_args()
+            for i in range(self.spec.upstreams):
+                args = self._engine_args(self.spec.revision(i))
                 # A port outside the ephemeral range: a restart gets it back (loopback.py).
                 engine = EmulatorProcess([*args, "--port", str(free_port())])
                 self.engine_urls.append(engine.start())

@@ -49,6 +49,10 @@ class FaultUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     delay_s: float | None = None
     """Hold every new request this long before the engine sees it (a slow front end)."""
 
+    fail_prompts_over_tokens: int | None = None
+    """Answer 500 to every request whose prompt is longer than this many tokens (0: off):
+    a bad release that breaks on real traffic while its short readiness probe passes."""
+
     def check(self) -> None:
         """Raise ``ConfigError`` naming the knob when a value is out of range."""
         for name in ("crash_after_s", "stall_s", "refuse_connections_s", "delay_s"):
@@ -58,6 +62,12 @@ class FaultUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                     f"fault `{name}` must be a finite number of seconds >= 0 (got {value})",
                     path=f"$.{name}",
                 )
+        over = self.fail_prompts_over_tokens
+        if over is not None and over < 0:
+            raise ConfigError(
+                f"fault `fail_prompts_over_tokens` must be >= 0 (got {over}); 0 turns it off",
+                path="$.fail_prompts_over_tokens",
+            )
         factor = self.slowdown_factor
         if factor is not None and not (factor > 0 and math.isfinite(factor)):
             raise ConfigError(
@@ -74,6 +84,8 @@ class FaultState:
     slowdown_factor: float = 1.0
     corrupt_fingerprint: bool = False
     delay_s: float = 0.0
+    fail_prompts_over_tokens: int = 0
+    """0: off."""
     stalled_until: float = -math.inf
     """The engine does not step before this time (``inf``: until cleared)."""
     refuse_until: float = -math.inf
@@ -90,6 +102,8 @@ class FaultState:
             self.corrupt_fingerprint = update.corrupt_fingerprint
         if update.delay_s is not None:
             self.delay_s = update.delay_s
+        if update.fail_prompts_over_tokens is not None:
+            self.fail_prompts_over_tokens = update.fail_prompts_over_tokens
         if update.stall is not None:
             self.stalled_until = math.inf if update.stall else -math.inf
         if update.stall_s is not None:
@@ -120,6 +134,7 @@ class FaultState:
             "corrupt_fingerprint": self.corrupt_fingerprint,
             "refuse_connections_s": left(self.refuse_until),
             "delay_s": self.delay_s,
+            "fail_prompts_over_tokens": self.fail_prompts_over_tokens,
             "crash_after_s": left(self.crash_at),
         }
 

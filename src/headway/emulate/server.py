@@ -300,7 +300,7 @@ class EmulatorServer:
             return refused
         self.apply_faults(
             FaultUpdate(stall=False, slowdown_factor=1.0, corrupt_fingerprint=False,
-                        delay_s=0.0, refuse_connections_s=0.0)
+                        delay_s=0.0, refuse_connections_s=0.0, fail_prompts_over_tokens=0)
         )  # fmt: skip
         self.faults.crash_at = float("inf")
         self._arm_faults()
@@ -397,6 +397,14 @@ class EmulatorServer:
         except ApiError as error:
             self._client_errors.inc()
             return web.json_response(error.body(), status=error.status)
+        over = self.faults.fail_prompts_over_tokens
+        if over and parsed.num_prompt_tokens > over:
+            failed = ApiError(
+                500,
+                f"injected fault: prompts over {over} tokens fail "
+                "(fail_prompts_over_tokens; DELETE /admin/faults clears it)",
+            )
+            return web.json_response(failed.body(), status=500)
         if self.faults.delay_s > 0:
             arrived_at += self.faults.delay_s
             await asyncio.sleep(arrived_at - time.monotonic())

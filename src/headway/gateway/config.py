@@ -18,6 +18,7 @@ from headway.core.policy.admission import AdmissionConfig, TenantLimits
 from headway.core.policy.budgets import share_budgets
 from headway.core.policy.fallback import FallbackConfig
 from headway.core.policy.queues import BANDS, QueueConfig
+from headway.core.policy.releases import ReleaseGuardConfig
 from headway.core.policy.retries import RetryConfig
 from headway.core.workload.spec import Priority
 
@@ -88,6 +89,21 @@ class RouteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     quality_class: str = "default"
     """The quality class the route was evaluated in; a fallback must have the same."""
 
+    slot_share: float | None = None
+    """A strict share, in (0, 1], of the dispatch slots of the upstreams serving this
+    route (those without a ``route`` serve every route, so routes can share them): its
+    dispatched calls never exceed it, and with the shares of the routes on those
+    upstreams adding up to at most 1 it is also a guarantee (seed 000: background work
+    "in a separate or strictly controlled share"). None: no cap."""
+
+    def __post_init__(self) -> None:
+        share = self.slot_share
+        if share is not None and not (math.isfinite(share) and 0.0 < share <= 1.0):
+            raise ValueError(
+                f"`slot_share` must be in (0, 1] (got {share}); a strict share is a "
+                "fraction of the route's upstreams' slots, or null for none"
+            )
+
 
 class TenantConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One tenant, found by its API key."""
@@ -148,6 +164,12 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     fallback: FallbackConfig = FallbackConfig()
     """The fallback policy (the core's :class:`~headway.core.policy.fallback.FallbackConfig`:
     ``enabled``, ``max_hops``, ``min_health``)."""
+
+    release_guard: ReleaseGuardConfig = ReleaseGuardConfig()
+    """Route back to the last good release (the core's
+    :class:`~headway.core.policy.releases.ReleaseGuardConfig`): when the upstreams of one
+    ``revision`` answer with errors or latency that spike against another revision's,
+    unpinned calls avoid them for ``hold_s`` (an event in the log, a metric)."""
 
     preset: Literal["headway-default"] = "headway-default"
     """The policy preset; ``admission``/``queues``/``retries`` override its settings."""

@@ -43,6 +43,7 @@ from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
 from headway.core.policy.fallback import NoFallback
 from headway.core.policy.queues import PriorityQueues
+from headway.core.policy.releases import ReleaseChange
 from headway.core.policy.retries import RetryPolicy
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior, prior_from_step_time
 from headway.gateway.config import GatewayFileConfig
@@ -94,11 +95,15 @@ def core_settings(config: GatewayFileConfig) -> CoreSettings:
         queues=config.queue_config(),
         fallback=config.fallback,
         routes=config.routes,
+        route_slot_shares={
+            name: r.slot_share for name, r in config.routes.items() if r.slot_share is not None
+        },
         slot_shares={t.name: t.share if t.share > 0 else t.weight for t in config.tenants.values()},
         tenant_slot_headroom=config.tenant_slot_headroom,
         tenant_active_s=config.tenant_active_s,
         measure_speeds=config.measure_speeds,
         kv_blocks_per_upstream=config.kv_blocks_per_upstream,
+        release_guard=config.release_guard,
     )
 
 
@@ -257,7 +262,18 @@ class Controller:
     ) -> Shed | Lease:
         """Decide on one request now: a shed, or a lease (dispatched or queued: await
         :meth:`ready`)."""
-        decision = self.core.offer(self.now(), request, revision, route)
+        return self._track(self.core.offer(self.now(), request, revision, route))
+
+    def offer_on_route(
+        self, request: AdmissionRequest, route: str | None, revision: str | None = None
+    ) -> tuple[str | None, Shed | Lease]:
+        """:meth:`offer` on the route the core sends a call for ``route`` to (its own or
+        an allowed fallback): that route, and the decision."""
+        chosen, decision = self.core.offer_on_route(self.now(), request, route, revision)
+        return chosen, self._track(decision)
+
+    def _track(self, decision: Shed | Lease) -> Shed | Lease:
+        """A future for a lease (set at once when dispatched), and settle the others."""
         if isinstance(decision, Lease):
             future = asyncio.get_running_loop().create_future()
             if decision.upstream is not None:
@@ -270,6 +286,18 @@ class Controller:
         """Resolves to the upstream ``lease`` is dispatched to, or to the shed that ended
         it while it waited (cancelled when its request was released first)."""
         return self._waiting[lease]
+
+    def observe_attempt(
+        self, upstream: UpstreamState, *, error: bool, first_byte_s: float | None
+    ) -> list[ReleaseChange]:
+        """An attempt on ``upstream`` ended (see the core): the releases it routed back
+        or returned, which the caller logs and counts."""
+        changes = self.core.observe_attempt(
+            self.now(), upstream, error=error, first_byte_s=first_byte_s
+        )
+        if changes:
+            self._settle()
+        return changes
 
     def reroute(self, lease: Lease) -> UpstreamState | None:
         """Move a dispatched lease to another ready upstream; None when none is free."""

@@ -24,7 +24,7 @@ from headway.core.lifecycle import Event, State, advance
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.charges import Phase, unseen_output_tokens
 from headway.core.policy.deadlines import Deadline
-from headway.core.policy.decisions import Shed, ShedReason
+from headway.core.policy.decisions import Shed
 from headway.gateway.guards import MAX_BODY_BYTES, CacheSalts, salted_body, too_large_response
 from headway.gateway.ops import RequestRecord, finish, next_request_id
 from headway.gateway.relay import STREAM, UpstreamRelay
@@ -140,20 +140,13 @@ class Generation(UpstreamRelay):
         ctl.retries.record_request(ctl.now())
         record.tokens_in = admission.prompt_tokens
         route = body.model if body.model in self.config.routes else None
-        no_fallback = None
-        if route is not None:
-            chosen, no_fallback = ctl.choose_route(route)
-            if chosen != route:  # the core fallback policy allowed a substitute
-                parsed = dataclasses.replace(parsed, raw=with_model(parsed.raw, chosen))
-                request[_ROUTE] = chosen
-                self.m_fallbacks(route, chosen).inc()
-                route = chosen
-        got = ctl.offer(admission, revision=parsed.revision, route=route)
+        chosen, got = ctl.offer_on_route(admission, route, revision=parsed.revision)
+        if route is not None and chosen is not None and chosen != route:  # a fallback
+            parsed = dataclasses.replace(parsed, raw=with_model(parsed.raw, chosen))
+            request[_ROUTE] = chosen
+            self.m_fallbacks(route, chosen).inc()
+            route = chosen
         if isinstance(got, Shed):
-            if no_fallback is not None and got.reason is ShedReason.DOWNSTREAM_UNHEALTHY:
-                got = dataclasses.replace(
-                    got, detail=f"{got.detail}; no fallback: {no_fallback.detail}"
-                )
             return self._shed_response(got, record)
         lease = got
         completion_tokens: int | None = None

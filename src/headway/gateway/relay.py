@@ -103,6 +103,21 @@ class UpstreamRelay(ShedAnswers):
     m_upstream_errors: Labelled[Counter]
     m_cancelled: Labelled[Counter]
     m_retries: Counter
+    m_route_backs: Labelled[Counter]
+
+    def _attempt_ended(
+        self, upstream: UpstreamState, *, error: bool, first_byte_s: float | None = None
+    ) -> None:
+        """Tell the core how an attempt on ``upstream`` went (its release's health), and
+        log and count the releases that routes back or returns (never silently)."""
+        for change in self.controller.observe_attempt(
+            upstream, error=error, first_byte_s=first_byte_s
+        ):
+            if change.routed_back:
+                self.m_route_backs(change.revision).inc()
+                log.warning("%s; unpinned calls go to the other releases", change.detail)
+            else:
+                log.info("%s", change.detail)
 
     def _session(self, upstream: UpstreamState) -> aiohttp.ClientSession:
         """The upstream's pooled client session (made on first use; closed by ``stop``)."""
@@ -169,6 +184,12 @@ class UpstreamRelay(ShedAnswers):
                     try:
                         answer = await self._answer(request, parsed, lease, resp, record)
                         upstream.answered()
+                        first_byte_s = (
+                            None
+                            if record.first_byte_s is None
+                            else record.first_byte_s - record.attempt_started_s
+                        )
+                        self._attempt_ended(upstream, error=False, first_byte_s=first_byte_s)
                         return answer
                     except _Unanswered:
                         failure = FailureKind.UPSTREAM_ERROR  # nothing reached the client yet
@@ -181,6 +202,9 @@ class UpstreamRelay(ShedAnswers):
                         resp.close()
             lease.phase = Phase.UNSENT  # the engine failed it before any output
             self.m_upstream_errors(upstream.url).inc()
+            # An overload refusal (429, 503) says nothing of the release's health.
+            if failure is not FailureKind.REFUSED:
+                self._attempt_ended(upstream, error=True)
             if failure is FailureKind.CONNECT_ERROR:
                 upstream.eject(time.monotonic(), self.config.eject_s)
             decision = ctl.retries.next_attempt(
@@ -304,6 +328,7 @@ class UpstreamRelay(ShedAnswers):
             # retry (it would duplicate it); its connection ends without [DONE].
             log.warning("upstream %s failed mid-stream: %s", upstream.url, error)
             self.m_upstream_errors(upstream.url).inc()
+            self._attempt_ended(upstream, error=True)
             return out, None, False
         tokens = record.tokens_out
         if tokens is not None and record.first_byte_s is not None:

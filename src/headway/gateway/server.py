@@ -186,6 +186,7 @@ class GatewayServer(AdminAPI, Generation):
         self.m_retries = metrics.counter("headway_gateway_upstream_retries_total")
         self.m_fallbacks = metrics.counter_series("headway_gateway_fallbacks_total")
         self.m_upstream_errors = metrics.counter_series("headway_gateway_upstream_errors_total")
+        self.m_route_backs = metrics.counter_series("headway_gateway_release_route_backs_total")
         self.m_completed = metrics.counter_series("headway_gateway_completed_total")
         self.m_duration = metrics.histogram("headway_gateway_request_duration_seconds")
         self.in_system = 0
@@ -216,7 +217,13 @@ class GatewayServer(AdminAPI, Generation):
             now = ctl.now()
             return [((u.url,), float(u.ready_at(now))) for u in ctl.source.upstreams()]
 
+        def routed_back() -> list[tuple[tuple[str, ...], float]]:
+            releases = ctl.core.releases
+            avoided = releases.avoided(ctl.now())
+            return [((r,), float(r in avoided)) for r in releases.known()]
+
         read, value = metrics.read, metrics.read_value
+        read("headway_gateway_release_routed_back", routed_back)
         read("headway_gateway_queue_depth_requests", depth_band)
         read("headway_gateway_tenant_queue_depth_requests", depth_tenant)
         read("headway_gateway_tenant_dispatched_requests",

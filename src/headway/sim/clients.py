@@ -104,6 +104,7 @@ class ClientBehaviour(GatewayOffers):
         self._call_tool.extend([self._call_tool[j] for j in chosen])
         if self._call_pool:
             self._call_pool.extend([self._call_pool[j] for j in chosen])
+            self._call_route.extend([self._call_route[j] for j in chosen])
         m = len(chosen)
         nan = math.nan
         for column in (
@@ -123,6 +124,7 @@ class ClientBehaviour(GatewayOffers):
         self._replica.extend([-1] * m)
         self._cancelled.extend([False] * m)
         self._lost_race.extend([False] * m)
+        self._fell_back.extend([False] * m)
         self._outcome.extend([NOT_OFFERED] * m)
         self._shed_reason.extend([-1] * m)
         self._attempts.extend([0] * m)

@@ -33,6 +33,7 @@ from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
 from headway.core.errors import ConfigError, config_error
 from headway.core.policy.autoscaler import AutoscalerConfig
+from headway.core.policy.fallback import FallbackConfig
 from headway.core.policy.routing import RouterKind
 from headway.sim.faults import Fault
 from headway.sim.gateway import GatewayConfig
@@ -104,6 +105,12 @@ class Pool(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     tensor_parallel: int | None = None
     num_kv_blocks: int | None = None
     engine: SchedulerConfig | None = None
+    shares: dict[str, float] = msgspec.field(default_factory=dict)
+    """A pool shared by routes: each named route's strict share of the pool's dispatch
+    slots (seed 000: background work "in a separate or strictly controlled share"). The
+    gateway (``headway-default``) holds a route's dispatched calls within it, and with
+    shares adding up to at most 1 each is also a guarantee: a flood of one route cannot
+    take the slots of another. Routes not named share the pool's slots freely."""
 
 
 MAX_REPLICAS: Final = 10_000
@@ -179,6 +186,12 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     workload with two or more routes needs pools, not a silent merge). Each pool has its
     own router over its replicas; the first pool's replicas come first."""
 
+    fallback: FallbackConfig = FallbackConfig()
+    """With ``pools``: when a route's pool has no routable replica, the core fallback
+    policy (the gateway file's ``fallback``, the same settings) may send its calls to the
+    pool of the route's declared ``fallback`` (same ``data_policy`` and
+    ``quality_class``, health at least ``min_health``)."""
+
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"`replicas` must be >= 1 (got {self.replicas})")
@@ -235,6 +248,28 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                         "a route's calls go to one pool; keep it in one"
                     )
                 seen[route] = name
+            for route, share in pool.shares.items():
+                if route not in pool.routes:
+                    raise ValueError(
+                        f"`pools.{name}.shares` names {route!r}, which is not in its "
+                        f"routes {pool.routes}: give a share to a route of the pool"
+                    )
+                if not (math.isfinite(share) and 0.0 < share <= 1.0):
+                    raise ValueError(
+                        f"`pools.{name}.shares.{route}` must be in (0, 1] (got {share}); "
+                        "a strict share is a fraction of the pool's slots"
+                    )
+            if sum(pool.shares.values()) > 1.0 + 1e-9:
+                raise ValueError(
+                    f"`pools.{name}.shares` add up to {sum(pool.shares.values()):g}: strict "
+                    "shares of one pool must add up to at most 1"
+                )
+            if pool.shares and self.gateway.preset != "headway-default":
+                raise ValueError(
+                    f"`pools.{name}.shares` needs the gateway that holds them: add "
+                    "`gateway: {preset: headway-default}` (without it every call goes "
+                    "to the engines at once)"
+                )
             total += pool.replicas
         if total != self.replicas:
             raise ValueError(
@@ -247,7 +282,7 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 f"the pools' engines use block sizes {sorted(sizes)}: give them one "
                 "`engine.block_size`"
             )
-        unsupported = self._in_use("gateway", "autoscaler", "disaggregation")
+        unsupported = self._in_use("autoscaler", "disaggregation")
         if unsupported:
             raise ValueError(
                 f"`pools` are not simulated together with {', '.join(unsupported)} yet; "

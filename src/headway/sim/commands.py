@@ -169,6 +169,11 @@ def _print_result(r: SimResult, wall_s: float) -> None:
             f"Wasted work: {r.work.wasted_fraction:.1%} of the {r.work.processed_tokens:,} "
             f"tokens the engines processed came to no answer{losing}"
         )
+    if r.fallback_calls:
+        console.print(
+            f"Fallback: {r.fallback_calls:,} calls went to their route's declared fallback "
+            "pool (their own pool had no routable replica)"
+        )
     worst = [s for s in r.segments if s.ranked][:3]
     if worst:
         console.print("Worst segments (every segment: --json):")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
@@ -37,10 +38,11 @@ from headway.core.gateway_core import (
 from headway.core.policy.admission import AdmissionConfig, AdmissionRequest
 from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
+from headway.core.policy.fallback import FallbackConfig, RouteView
 from headway.core.policy.queues import QueueConfig
 from headway.core.policy.speeds import SpeedPrior
 
-__all__ = ["GatewayConfig", "GatewayPreset", "SimGateway"]
+__all__ = ["GatewayConfig", "GatewayPool", "GatewayPreset", "SimGateway"]
 
 GatewayPreset = Literal["fifo-unbounded", "headway-default"]
 """``fifo-unbounded``: no gateway (engines queue everything); ``headway-default``: the
@@ -120,6 +122,19 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayPool:
+    """One pool of the cluster as the simulated gateway sees it."""
+
+    replicas: int
+    routes: frozenset[str]
+    kv_blocks_per_replica: int
+    slots_per_replica: int | None = None
+    """None: the gateway's ``slots_per_replica``."""
+    shares: Mapping[str, float] = field(default_factory=dict)
+    """Route → its strict share of the pool's slots (``pools.<name>.shares``)."""
+
+
 class SimGateway:
     """The ``headway-default`` gateway on virtual time: the live gateway's
     :class:`~headway.core.gateway_core.GatewayCore`, one upstream per replica.
@@ -142,12 +157,21 @@ class SimGateway:
         kv_blocks_per_replica: int = 1_000_000,
         speed_prior: SpeedPrior | None = None,
         slot_shares: Mapping[str, float] | None = None,
+        pools: Sequence[GatewayPool] = (),
+        routes: Mapping[str, RouteView] | None = None,
+        fallback: FallbackConfig | None = None,
     ) -> None:
         """``kv_blocks_per_replica``: each replica's KV pool, the blocks the core
         projects calls into. ``speed_prior``: the speeds admission predicts with before a
         call completes (the live gateway's engine-model prior; None: no prediction until
         then). ``slot_shares``: each tenant's share of the dispatch slots (unnamed: its
-        queue weight). The simulator hands the core its cluster's router."""
+        queue weight). ``pools``: the cluster's pools, in replica order (their replicas
+        add up to ``num_replicas``): each replica's upstream serves its pool's routes
+        only, with its pool's slots and KV blocks, and a route's strict ``share`` of its
+        pool's slots bounds its lane. ``routes`` and ``fallback``: the workload's routes
+        and the cluster's fallback settings, for the core's fallback policy (a route
+        whose pool has nothing routable). The simulator hands the core its cluster's
+        router."""
         if config.preset != "headway-default":
             raise ValueError(
                 f"SimGateway implements the 'headway-default' preset, not {config.preset!r}; "
@@ -166,6 +190,23 @@ class SimGateway:
                 f"slots must exceed queues.critical_reserved_slots ({reserved}); raise "
                 "slots_per_replica or lower the reserve"
             )
+        self._shapes: list[tuple[int, int, frozenset[str] | None]] = [
+            (pool.slots_per_replica or per_replica, pool.kv_blocks_per_replica, pool.routes)
+            for pool in pools
+            for _ in range(pool.replicas)
+        ]
+        """Per replica with a pool: its upstream's slots, KV blocks and routes."""
+        route_shares = {route: f for pool in pools for route, f in pool.shares.items()}
+        for pool in pools:
+            slots = pool.replicas * (pool.slots_per_replica or per_replica)
+            for route, share in pool.shares.items():
+                if int(share * slots) <= queues.reserved_slots(int(share * slots)):
+                    raise ValueError(
+                        f"gateway: route {route!r} has a {share:g} share of its pool's "
+                        f"{slots} slots, {int(share * slots)} slots, which must exceed "
+                        "queues.critical_reserved_slots; raise its share or the pool's "
+                        "replicas, or lower the reserve"
+                    )
         self.upstreams = StaticUpstreams([])
         self._index: dict[int, int] = {}
         self.set_ready([True] * num_replicas)
@@ -176,6 +217,9 @@ class SimGateway:
             tenant_slot_headroom=config.tenant_slot_headroom,
             tenant_active_s=config.tenant_active_s,
             kv_blocks_per_upstream=kv_blocks_per_replica,
+            route_slot_shares=route_shares,
+            routes=dict(routes or {}),
+            fallback=fallback or FallbackConfig(),
         )
         self.core = GatewayCore(settings, self.upstreams, speed_prior=speed_prior)
 
@@ -184,10 +228,13 @@ class SimGateway:
         upstream): a lost, starting or draining one is not routed to."""
         states = self.upstreams.states
         for i in range(len(states), len(ready)):
+            slots, blocks, routes = (
+                self._shapes[i]
+                if i < len(self._shapes)
+                else (self.slots_per_replica, self.kv_blocks_per_replica, None)
+            )
             state = UpstreamState(
-                url=f"sim://replica/{i}",
-                slots=self.slots_per_replica,
-                total_kv_blocks=self.kv_blocks_per_replica,
+                url=f"sim://replica/{i}", slots=slots, total_kv_blocks=blocks, routes=routes
             )
             states.append(state)
             self._index[id(state)] = i
@@ -198,14 +245,18 @@ class SimGateway:
         """The replica index of one of the core's upstreams."""
         return self._index[id(upstream)]
 
-    def offer(self, now: float, request: AdmissionRequest, item: int) -> Shed | Lease:
-        """The core's decision on one attempt (``item``: the simulator's attempt code): a
-        shed, or a lease dispatched (its ``upstream`` set: :meth:`replica_of`) or queued
-        (settled later: :meth:`settled`)."""
-        lease = self.core.offer(now, request)
+    def offer(
+        self, now: float, request: AdmissionRequest, item: int, route: str | None = None
+    ) -> tuple[str | None, Shed | Lease]:
+        """The core's decision on one attempt (``item``: the simulator's attempt code) of
+        a call for ``route`` (None: no pools): the route it goes to (its own, or the
+        fallback the core allows when its pool has nothing routable), and a shed, or a
+        lease dispatched (its ``upstream`` set: :meth:`replica_of`) or queued (settled
+        later: :meth:`settled`)."""
+        chosen, lease = self.core.offer_on_route(now, request, route)
         if isinstance(lease, Lease):
             lease.item = item
-        return lease
+        return chosen, lease
 
     def end(self, now: float, lease: Lease, phase: Phase, output_tokens: int | None) -> None:
         """An admitted or queued attempt ended in ``phase``: the core settles its charge,

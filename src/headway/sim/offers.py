@@ -44,6 +44,7 @@ class GatewayOffers(FleetChanges):
         self._call_tenant = [
             workload.tenant_names[t] for t in workload.task_tenant[workload.call_task].tolist()
         ]
+        self._route_names = list(workload.route_names)
         call_class = workload.task_class[workload.call_task]
         outputs = workload.call_output_tokens
         self._class_p95_output = [
@@ -76,7 +77,10 @@ class GatewayOffers(FleetChanges):
             deadline_renews_on_retry=renews,
             ticket=self._ticket.get(j),
         )
-        lease = gateway.offer(now, request, j * ATTEMPT_CODES + self._attempts[j])
+        route = self._route_names[self._call_route[j]] if self._call_route else None
+        chosen, lease = gateway.offer(now, request, j * ATTEMPT_CODES + self._attempts[j], route)
+        if chosen != route:
+            self._fell_back[j] = True
         if isinstance(lease, Shed):
             self._shed(j, now, lease, renews, deadline_s)
             return

@@ -69,6 +69,9 @@ class CallRecords:
     """A losing branch (``branch_join: first``): a sibling of its step finished first, so
     its task cancelled it (at once, or ``cancel_losers_after_s`` later) or ignored its
     answer. Not a miss of the SLO: the task's outcome counts once, through its winner."""
+    fell_back: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
+    """Routed to a fallback route's pool, at least once (its own route's pool had no
+    routable replica, and the core ``FallbackPolicy`` allowed the substitute)."""
     kv_transfer_s: FloatArray = field(default_factory=lambda: np.empty(0))
     """With disaggregation: seconds its prompt KV took (or, cancelled midway, would have
     taken) to reach its decode replica (NaN: no transfer: not disaggregated, one output
@@ -97,6 +100,7 @@ class CallRecords:
             retry_after_s=nan.copy(),
             attempts=np.zeros(n, dtype=np.int64),
             lost_race=np.zeros(n, dtype=np.bool_),
+            fell_back=np.zeros(n, dtype=np.bool_),
             kv_transfer_s=nan.copy(),
             cached_prompt_tokens=np.full(n, -1, dtype=np.int64),
         )

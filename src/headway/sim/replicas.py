@@ -50,6 +50,8 @@ class ReplicaStepping(Recording):
         self._pool_hi = []
         self._pool_routers = []
         self._call_pool = []
+        self._call_route = []
+        self._pools = pools
         if pools is None:
             return
         for lo, hi in pools.bounds:
@@ -57,6 +59,7 @@ class ReplicaStepping(Recording):
             self._pool_hi.append(hi)
             self._pool_routers.append(Router(kind=router.kind))
         self._call_pool = [pools.route_pool[r] for r in call_route]
+        self._call_route = list(call_route)
 
     def _route(self, j: int, now: float) -> int:
         """The replica the router picks for call ``j`` at ``now`` (disaggregated: among
@@ -65,9 +68,18 @@ class ReplicaStepping(Recording):
             return self._route_pool(j, now, 0, self._num_prefill, self.router)
         if self._pool_lo:
             p = self._call_pool[j]
-            return self._route_pool(
+            choice = self._route_pool(
                 j, now, self._pool_lo[p], self._pool_hi[p], self._pool_routers[p]
             )
+            if choice < 0 and self._pools is not None and self._pools.fallback is not None:
+                q = self._pools.fallback_pool(now, self._call_route[j], self._pool_health)
+                if q >= 0:
+                    choice = self._route_pool(
+                        j, now, self._pool_lo[q], self._pool_hi[q], self._pool_routers[q]
+                    )
+                    if choice >= 0:
+                        self._fell_back[j] = True
+            return choice
         prompt, output = self._call_in[j], self._call_out[j]
         if self._least_outstanding and self._all_eligible and not self._paranoid:
             choice = self.router.route_all_eligible(self._outstanding)
@@ -91,6 +103,11 @@ class ReplicaStepping(Recording):
                 raise RuntimeError(f"call {j}: the router picked {picked}, the shortcut not")
             choice = picked
         return choice
+
+    def _pool_health(self, p: int) -> float:
+        """Pool ``p``'s routable share of its replicas (the fallback policy's health)."""
+        lo, hi = self._pool_lo[p], self._pool_hi[p]
+        return sum(1 for d in self.drivers[lo:hi] if d.ready) / (hi - lo)
 
     def _route_pool(self, r: int, now: float, lo: int, hi: int, router: Router) -> int:
         """The replica in ``lo..hi - 1`` (a pool, or a disaggregated phase's replicas) that

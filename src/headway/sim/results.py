@@ -72,8 +72,8 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
 
     dimension: str
     """What the calls are cut by: ``input tokens``, ``output tokens``, ``route``,
-    ``prefix cache``, ``replica``, ``preemption``, ``retry``, ``priority``, ``tenant``,
-    ``class``, ``outcome``, ``arrival time``."""
+    ``prefix cache``, ``replica``, ``preemption``, ``retry``, ``fallback``, ``priority``,
+    ``tenant``, ``class``, ``outcome``, ``arrival time``."""
     name: str
     calls: int
     share: float
@@ -309,6 +309,8 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     segments: list[Segment] = msgspec.field(default_factory=list)
     """The calls cut by every dimension seed 002 lists, the ranked ones worst first (SLO
     attainment, then e2e and TTFT p99), the unranked after them."""
+    fallback_calls: int = 0
+    """Calls sent to a fallback route's pool (their own pool had no routable replica)."""
 
 
 def _accounting(out: SimOutcome) -> Accounting:
@@ -597,6 +599,7 @@ def build_result(
         ),
         accounting=_accounting(out),
         work=_work(out, c.lost_race),
+        fallback_calls=int(c.fell_back.sum()) if c.fell_back.size else 0,
         energy=_energy(out, replica_power_w, int(met.sum()), int(verified.sum())),
         segments=segments,
     )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from headway.core.engine.efficiency import EfficiencyTable
 from headway.core.engine.replica import ReplicaModel
 from headway.core.policy.autoscaler import Autoscaler
+from headway.core.policy.fallback import FallbackPolicy
 from headway.core.policy.routing import Router
 from headway.core.policy.speeds import prior_from_step_time
 from headway.core.trace_data import TraceData
@@ -23,9 +24,9 @@ from headway.sim.cluster import (
     resolve_model_gpu,
     step_time_model,
 )
-from headway.sim.gateway import SimGateway
+from headway.sim.gateway import GatewayPool, SimGateway
 from headway.sim.pools import RoutePools
-from headway.sim.presets import resolve_gateway
+from headway.sim.presets import resolve_gateway, slo_slots
 from headway.sim.results import SimResult, build_result
 from headway.sim.simulator import Disaggregation, SimOptions, SimOutcome, Simulator
 
@@ -61,6 +62,9 @@ def simulate_compiled(
                 name: t.share if t.share > 0 else t.weight
                 for name, t in workload.spec.tenants.items()
             },
+            pools=_gateway_pools(workload, cluster, efficiency, replicas, pools),
+            routes=workload.spec.routes,
+            fallback=cluster.fallback,
         )
     router = Router(kind=cluster.router)
     autoscaler = None if cluster.autoscaler is None else Autoscaler(cluster.autoscaler)
@@ -97,6 +101,37 @@ def simulate_compiled(
     return result, outcome
 
 
+def _gateway_pools(
+    workload: CompiledWorkload,
+    cluster: ClusterSpec,
+    efficiency: EfficiencyTable,
+    replicas: list[ReplicaModel],
+    pools: RoutePools | None,
+) -> list[GatewayPool]:
+    """The pools as the simulated gateway sees them (none without ``pools``): each its
+    routes, its replicas' KV blocks, dispatch slots from the SLO on its own engine (or
+    the gateway's ``slots_per_replica``) and its routes' strict shares."""
+    if pools is None:
+        return []
+    out = []
+    for name, (lo, _) in zip(cluster.pools, pools.bounds, strict=True):
+        pool = cluster.pools[name]
+        own = pool_cluster(cluster, name)
+        slots = cluster.gateway.slots_per_replica or slo_slots(
+            workload, own, step_time_model(own, efficiency)
+        )
+        out.append(
+            GatewayPool(
+                replicas=pool.replicas,
+                routes=frozenset(pool.routes),
+                kv_blocks_per_replica=replicas[lo].scheduler.pool.num_blocks,
+                slots_per_replica=slots,
+                shares=dict(pool.shares),
+            )
+        )
+    return out
+
+
 def _pooled_replicas(
     workload: CompiledWorkload, cluster: ClusterSpec, efficiency: EfficiencyTable
 ) -> tuple[list[ReplicaModel], RoutePools]:
@@ -113,8 +148,17 @@ def _pooled_replicas(
         bounds.append((lo, len(replicas)))
         for route in cluster.pools[name].routes:
             route_pool[workload.route_names.index(route)] = p
+    routes = workload.spec.routes
+    declared = any(routes[name].fallback is not None for name in workload.route_names)
     pools = RoutePools(
-        names=tuple(cluster.pools), bounds=tuple(bounds), route_pool=tuple(route_pool)
+        names=tuple(cluster.pools),
+        bounds=tuple(bounds),
+        route_pool=tuple(route_pool),
+        route_names=workload.route_names,
+        routes=routes,
+        fallback=FallbackPolicy(cluster.fallback)
+        if declared and cluster.fallback.enabled
+        else None,
     )
     return replicas, pools
 

@@ -14,12 +14,12 @@ dimension the seed names and each part summarised (:class:`~headway.sim.results.
   :data:`COLD_WINDOW_S` of its replica's cache becoming empty (its start, an autoscaled
   one's ready time, a ``cache_flush`` fault);
 * preempted at least once or never (calls that reached an engine), retried or first
-  attempt (offered calls);
+  attempt (offered calls), fallen back to another route's pool or not (with ``pools``);
 * priority, tenant, class, outcome (``completed``, ``shed``, ...);
 * arrival-time bucket (:func:`time_bucket_width_s`), so a burst shows as a bad bucket.
 
-Not segmented: fallback (the simulator routes no call to a fallback route), model,
-adapter and quantization apart from the route (one model per route, no adapters).
+Not segmented: model, adapter and quantization apart from the route (one model per
+route, no adapters).
 """
 
 from __future__ import annotations
@@ -134,6 +134,8 @@ def selections(w: CompiledWorkload, out: SimOutcome, ended: Mask) -> list[tuple[
     add("preemption", ("preempted", "never preempted"),
         np.where(admitted, np.where(c.num_preemptions > 0, 0, 1), -1))  # fmt: skip
     add("retry", ("first attempt", "retried"), np.where(ended, (c.attempts >= 2).astype(int), -1))
+    if c.fell_back.any():
+        add("fallback", ("own route", "fell back"), np.where(ended, c.fell_back.astype(int), -1))
     add("priority", PRIORITIES, w.task_priority[w.call_task])
     add("tenant", w.tenant_names, w.task_tenant[w.call_task])
     add("class", w.class_names, w.task_class[w.call_task])

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from headway.sim.gateway import SimGateway
     from headway.sim.kernel import EventQueue
     from headway.sim.outcome import FloatArray
+    from headway.sim.pools import RoutePools
 
 
 class SimState:
@@ -54,6 +55,9 @@ class SimState:
     _call_tool: list[float]
     _call_pool: list[int]
     """Per row: the pool of its route (empty without pools)."""
+    _call_route: list[int]
+    """Per row: its route (the compiled workload's index; empty without pools)."""
+    _pools: RoutePools | None
     _pool_lo: list[int]
     _pool_hi: list[int]
     """Per pool: its replicas, ``lo`` to ``hi - 1``."""
@@ -80,6 +84,7 @@ class SimState:
     _replica: list[int]
     _cancelled: list[bool]
     _lost_race: list[bool]
+    _fell_back: list[bool]
     """Per row: a losing branch of a ``branch_join: first`` step."""
     _cancel_losers_after_s: list[float]
     """Per class: how long losing branches keep running after their step's winner."""

@@ -197,3 +197,25 @@ def test_a_full_route_holds_back_only_its_own_requests() -> None:
     assert core.outcomes() == [(second_bulk, bulk)]
     core.release(0.5, running, completed=True)
     assert waiting.upstream is agent and core.queued_requests() == 0
+
+
+def test_a_routes_strict_share_caps_it_and_keeps_the_rest_for_the_others() -> None:
+    """Two routes on the same upstreams (none names a route), bulk with a strict 0.25
+    share of their 8 slots: bulk holds at most 2 at once although 6 stand free, and the
+    agent route, with 0.75, still finds its 6 while bulk waits."""
+    shared = [UpstreamState(url=f"u{i}", slots=4) for i in range(2)]
+    settings = CoreSettings(
+        admission=AdmissionConfig(), queues=QueueConfig(critical_reserved_slots=0),
+        tenant_slot_headroom=None, route_slot_shares={"bulk": 0.25, "agent": 0.75},
+    )  # fmt: skip
+    core = GatewayCore(settings, StaticUpstreams(shared))
+    bulk = [_route_offer(core, 0.01 * i, "bulk") for i in range(5)]
+    assert sum(lease.upstream is not None for lease in bulk) == 2
+    agent = [_route_offer(core, 0.1 + 0.01 * i, "agent") for i in range(7)]
+    assert sum(lease.upstream is not None for lease in agent) == 6
+    assert sum(u.outstanding_requests for u in shared) == 8
+    first_bulk = next(lease for lease in bulk if lease.upstream is not None)
+    core.release(0.2, first_bulk, completed=True)  # a bulk slot frees: a bulk call goes
+    running = [lease for lease in bulk if lease.upstream is not None and not lease.released]
+    assert len(running) == 2 and sum(lease.queued for lease in bulk) == 2
+    assert sum(lease.upstream is not None for lease in agent) == 6

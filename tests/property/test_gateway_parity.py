@@ -233,7 +233,7 @@ async def _replay(
                 deadline_s=None if deadline is None else clock + deadline,
             )
             got_live = live.offer(request)
-            got_sim = sim.offer(clock, request, step)
+            _, got_sim = sim.offer(clock, request, step)
             decision = _decision(got_live, live_index)
             assert decision == _decision(got_sim, sim_index), step
             note_event(f"offer: {decision[0]} {decision[1] if decision[0] == 'shed' else ''}")

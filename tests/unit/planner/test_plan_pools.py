@@ -179,6 +179,8 @@ def test_a_disaggregated_cluster_gets_prefill_and_decode_counts(disaggregated_pl
         f"Uncalibrated simulation: prefill: {p} replica"
     )
     assert f"decode: {d} ({d + 1})" in disaggregated_plan.summary[0]
+    page = render_plan_html(to_builtins(disaggregated_plan))
+    assert f"<b>prefill</b>: {p} replica" in page and f"<b>decode</b>: {d} ({d + 1})" in page
 
 
 def test_a_multi_route_workload_on_one_pool_is_an_error_and_the_default_has_pools() -> None:

@@ -187,3 +187,36 @@ def test_report_shows_the_growth_what_if(report: Path, tmp_path: Path) -> None:
     assert "<b>decode (route assistant)</b> saturates first" in section
     assert section.count("<tr>") >= 1 + 3 + 2  # headers, three resources, one route
     assert section.index("decode") < section.index("KV memory")
+
+
+@pytest.fixture(scope="module")
+def pools_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent-amplification example's report: two routes, a pool each (the default
+    cluster), sized pool by pool (the replica search only, to stay short)."""
+    spec = load_workload(ROOT / "examples" / "agent-amplification.yaml").spec
+    settings = PlanSettings(seeds=1, steady_duration_s=30, stages=("replicas",))
+    plan = build_plan(spec, default_cluster(spec), LocalExecutor(1), settings=settings)
+    path = tmp_path_factory.mktemp("pools") / "report.html"
+    path.write_text(render_plan_html(to_builtins(plan)), encoding="utf-8")
+    return path
+
+
+def test_report_shows_each_pools_count(pools_report: Path, tmp_path: Path) -> None:
+    """Issue 19, deliverable 3: a cluster of pools has its per-pool section: each pool's
+    count with all up and with one lost, the attainment at it and one fewer (a chart of
+    both), and the points tried, each with its pools' counts."""
+    seen = open_report(pools_report, tmp_path / "report.png")
+    assert seen.errors == [] and seen.overlaps == []
+    counts = [t for t in seen.tables if t["title"] == "Each pool's count"]
+    assert len(counts) == 1, [t["title"] for t in seen.tables]
+    columns, rows = counts[0]["columns"], counts[0]["rows"]
+    assert columns[:4] == ["pool", "routes", "target (%)", "holding the peak (replicas)"]
+    assert [r[0] for r in rows] == ["agent-llm", "bulk"]
+    assert all(int(r[3]) >= 1 for r in rows)
+    tried = [t for t in seen.tables if t["title"] == "Points tried at the peak"]
+    assert len(tried) == 1 and all("agent-llm " in r[0] and " · bulk " in r[0]
+                                   for r in tried[0]["rows"])  # fmt: skip
+    assert "pools" in {p["name"] for p in seen.plots}
+    assert "pools" not in seen.empty_plots()
+    page = pools_report.read_text(encoding="utf-8")
+    assert "pool <b>agent-llm</b>: " in page and "pool <b>bulk</b>: " in page

@@ -117,10 +117,26 @@ def _capacity_reasons(spec: WorkloadSpec, peak: Period, sim: SimulatedPlan) -> l
     return reasons
 
 
+def _analytic_counts(peak: Period, sim: SimulatedPlan) -> tuple[float, float] | None:
+    """The analytic plan's replicas (all up, with failures tolerated) for what the
+    simulation sized: the first sized route for one pool; for pools the sum over every
+    route (each pool with its own failures tolerated), None unless every route is sized;
+    None for prefill and decode pools (the analytic plan sizes colocated replicas)."""
+    pools = sim.pools
+    if pools is None:
+        sizing = next((r.sizing for r in peak.routes if r.sizing is not None), None)
+        return None if sizing is None else (sizing.replicas, sizing.replicas_with_failover)
+    sizings = [r.sizing for r in peak.routes]
+    if pools.kind != "pools" or any(s is None for s in sizings):
+        return None
+    held = sum(s.replicas for s in sizings if s is not None)
+    return held, held + pools.failures_tolerated * len(pools.pools)
+
+
 def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> list[Comparison]:
     """The side-by-side rows."""
     peak = analytic.periods[-1]
-    sizing = next((r.sizing for r in peak.routes if r.sizing is not None), None)
+    counts = _analytic_counts(peak, sim)
     rows: list[tuple[str, str, float | None, float | None, list[str]]] = []
     capacity_reasons = _capacity_reasons(spec, peak, sim)
     search = sim.replica_search
@@ -129,7 +145,7 @@ def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> l
             (
                 "replicas that hold the peak",
                 "replicas",
-                float(sizing.replicas) if sizing else None,
+                float(counts[0]) if counts else None,
                 float(search.holding_peak) if search.holding_peak is not None else None,
                 capacity_reasons,
             )
@@ -138,7 +154,7 @@ def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> l
             (
                 "replicas with failures tolerated",
                 "replicas",
-                float(sizing.replicas_with_failover) if sizing else None,
+                float(counts[1]) if counts else None,
                 float(search.recommended) if search.recommended is not None else None,
                 capacity_reasons,
             )
@@ -152,7 +168,9 @@ def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> l
     ]
     if knee is not None:
         analytic_capacity = (
-            knee.replicas * declared[0] / out_per_task if declared and out_per_task else None
+            knee.replicas * declared[0] / out_per_task
+            if declared and out_per_task and sim.pools is None
+            else None
         )
         rows.append(
             (
@@ -197,8 +215,8 @@ def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> l
         # task, at its own smaller count, is not the run's: it read -65% here.)
         price = cost.price_per_replica_hour
         analytic_cost = (
-            sizing.replicas_with_failover * price * cost.run_s / 3600.0 / run.offered_tasks
-            if sizing is not None and price is not None and run.offered_tasks > 0
+            counts[1] * price * cost.run_s / 3600.0 / run.offered_tasks
+            if counts is not None and price is not None and run.offered_tasks > 0
             else None
         )
         success = (
@@ -206,9 +224,8 @@ def compare(spec: WorkloadSpec, analytic: AnalyticPlan, sim: SimulatedPlan) -> l
             f"({run.task_attainment:.1%} of offered), the analytic by every offered task"
         )
         replicas = (
-            f"replicas: the analytic count is {sizing.replicas_with_failover}, the simulated "
-            f"{cost.replicas}"
-            if sizing is not None
+            f"replicas: the analytic count is {counts[1]:g}, the simulated {cost.replicas}"
+            if counts is not None
             else "replicas: each side prices its own replica count"
         )
         rows.append(

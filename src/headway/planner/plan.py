@@ -27,12 +27,15 @@ from headway.planner.answer import Answer, plan_answer
 from headway.planner.compare import Comparison, compare
 from headway.planner.growth import Growth, plan_growth
 from headway.planner.points import PlanPoint, Replay
+from headway.planner.pool_search import search_pools
 from headway.planner.simulated import (
     BurstCheck,
     Cost,
+    Counts,
     KneeEstimate,
     PlanSettings,
     PointRunner,
+    PoolsSearch,
     ReplicaSearch,
     SeedKnee,
     SimulatedPlan,
@@ -44,8 +47,15 @@ from headway.planner.simulated import (
     search_replicas,
 )
 from headway.planner.summary import summarize_bad_days, summarize_growth, summarize_plan
-from headway.sim.baddays import DEFAULT_SCENARIOS, BadDayMatrix, run_bad_days
-from headway.sim.cluster import ClusterSpec, with_replicas
+from headway.sim.baddays import DEFAULT_SCENARIOS, BadDayMatrix, get_scenario, run_bad_days
+from headway.sim.cluster import (
+    ClusterSpec,
+    Pool,
+    check_routes,
+    pool_replicas,
+    with_pool_replicas,
+    with_replicas,
+)
 
 SCHEMA = "headway.plan/1"
 DEFAULT_GPU = "h100"
@@ -121,15 +131,29 @@ def slo_bounds(spec: WorkloadSpec) -> dict[str, float | None]:
 
 
 def default_cluster(spec: WorkloadSpec) -> ClusterChoice:
-    """The model of the workload's first route with one, on an H100, TP 1."""
+    """The model of the workload's first route with one, on an H100, TP 1; a workload of
+    several routes gets a pool per route, each of its route's model (else the first's)."""
     model = next((r.model for r in spec.routes.values() if r.model), None) or "llama-3-8b"
-    try:
-        get_model(model)
-    except ConfigError:
+    models = [model, *(r.model for r in spec.routes.values() if r.model)]
+    for name in dict.fromkeys(models):
+        try:
+            get_model(name)
+        except ConfigError:
+            return ClusterChoice(
+                spec=None,
+                source=f"model {name!r} is not in the catalog; pass --cluster with a catalog "
+                "model or one defined under `catalog.models`",
+            )
+    if len(spec.routes) > 1:
+        pools = {
+            name: Pool(routes=[name], replicas=1, model=route.model or model)
+            for name, route in spec.routes.items()
+        }
         return ClusterChoice(
-            spec=None,
-            source=f"model {model!r} is not in the catalog; pass --cluster with a catalog "
-            "model or one defined under `catalog.models`",
+            spec=ClusterSpec(model=model, gpu=DEFAULT_GPU, replicas=len(pools), pools=pools),
+            source=f"default cluster: a pool per route ({', '.join(pools)}), each of its "
+            f"route's model on one {DEFAULT_GPU} per replica with vLLM's default engine "
+            "settings",
         )
     return ClusterChoice(
         spec=ClusterSpec(model=model, gpu=DEFAULT_GPU),
@@ -164,19 +188,6 @@ def build_plan(
         skipped = "--analytic-only was given"
     elif choice.spec is None:
         skipped = choice.source
-    elif choice.spec.disaggregation is not None:
-        skipped = (
-            "the cluster is disaggregated (prefill/decode pools); the plan's replica search "
-            "does not size two pools yet: simulate it with `headway simulate`, or plan the "
-            "colocated cluster"
-        )
-    elif choice.spec.pools or len(spec.routes) > 1:
-        skipped = (
-            f"the workload has {len(spec.routes)} routes ({', '.join(spec.routes)}), each "
-            "needing its own pool of replicas; the plan's replica search sizes one pool: the "
-            "analytic plan sizes each route, and `headway simulate --cluster` runs a cluster "
-            "file with `pools:`"
-        )
     elif executor is None:
         skipped = "no executor"
     sim: SimulatedPlan | None = None
@@ -184,6 +195,7 @@ def build_plan(
     if skipped is None:
         assert choice.spec is not None
         assert executor is not None
+        check_routes(choice.spec, list(spec.routes))
         sim, interrupted = _simulate(spec, analytic, choice, executor, settings, traces, progress)
     bad_days: BadDayMatrix | None = None
     if (
@@ -214,6 +226,7 @@ def build_plan(
                 interrupted=interrupted,
             ),
             *summarize_bad_days(bad_days),
+            *bad_days_left_out(bad_days, sim),
             *summarize_growth(what_if),
             *_stages_left_out(settings, sim),
             *_placeholder_slos(spec),
@@ -260,15 +273,23 @@ def _bad_days(
     cluster's gateway preset and ``headway-default``, each cell as long as a steady
     point."""
     search = sim.replica_search
-    replicas = (search.recommended if search is not None else None) or sim.cluster.replicas
-    cluster = with_replicas(sim.cluster, replicas)
-    presets = list(dict.fromkeys((cluster.gateway.preset, "headway-default")))
-    progress.stage("bad days", len(presets) * len(DEFAULT_SCENARIOS))
+    counts = _planned_counts(sim)
+    if counts:
+        cluster = with_pool_replicas(sim.cluster, counts)
+    else:
+        replicas = (search.recommended if search is not None else None) or sim.cluster.replicas
+        cluster = with_replicas(sim.cluster, replicas)
+    presets: list[str] = list(dict.fromkeys((cluster.gateway.preset, "headway-default")))
+    scenarios = list(DEFAULT_SCENARIOS)
+    if counts:
+        presets, scenarios = _runnable_cells(spec, cluster, presets, scenarios)
+    progress.stage("bad days", len(presets) * len(scenarios))
     try:
         matrix = run_bad_days(
             spec,
             cluster,
             presets=presets,
+            scenarios=scenarios,
             executor=executor,
             duration_s=settings.steady_duration_s,
             traces=traces,
@@ -279,7 +300,57 @@ def _bad_days(
     return matrix, None
 
 
-def _fill_curve(runner: PointRunner, replicas: int, seed: int, knee: float) -> list[PlanPoint]:
+def _planned_counts(sim: SimulatedPlan) -> tuple[int, ...]:
+    """Each pool's planned count (the search's recommended, else the cluster file's);
+    empty for one pool."""
+    if sim.pools is not None and all(p.recommended is not None for p in sim.pools.pools):
+        return tuple(p.recommended or 0 for p in sim.pools.pools)
+    return tuple(pool_replicas(sim.cluster).values())
+
+
+def _runnable_cells(
+    spec: WorkloadSpec, cluster: ClusterSpec, presets: list[str], scenarios: list[str]
+) -> tuple[list[str], list[str]]:
+    """The presets and scenarios the simulator runs on ``cluster`` (pools and
+    disaggregation do not run with every gateway, fault or autoscaler yet): a preset that
+    fails on the baseline, and a scenario that fails under a kept preset, are left out."""
+
+    def runs(scenario: str, preset: str) -> bool:
+        try:
+            _, changed = get_scenario(scenario).apply(spec, cluster)
+            changed = msgspec.structs.replace(
+                changed, gateway=msgspec.structs.replace(changed.gateway, preset=preset)
+            )
+            msgspec.convert(msgspec.to_builtins(changed), ClusterSpec)
+        except (ValueError, msgspec.ValidationError):
+            return False
+        return True
+
+    kept = [p for p in presets if runs("baseline", p)]
+    return kept, [s for s in scenarios if all(runs(s, p) for p in kept)]
+
+
+def bad_days_left_out(bad_days: BadDayMatrix | None, sim: SimulatedPlan | None) -> list[str]:
+    """A line naming the presets and scenarios the plan's bad-day matrix could not run on
+    a cluster of pools or a disaggregated one (none: it ran them all)."""
+    if bad_days is None or sim is None or sim.pools is None:
+        return []
+    presets = [p for p in ("fifo-unbounded", "headway-default") if p not in bad_days.presets]
+    ran = {s.name for s in bad_days.scenarios}
+    scenarios = [s for s in DEFAULT_SCENARIOS if s not in ran]
+    if not presets and not scenarios:
+        return []
+    what = "pools" if sim.pools.kind == "pools" else "a disaggregated cluster"
+    parts = ([f"the {', '.join(presets)} gateway"] if presets else []) + (
+        [f"the scenarios {', '.join(scenarios)}"] if scenarios else []
+    )
+    return [
+        f"The bad-day matrix leaves out {' and '.join(parts)}: the simulator does not run "
+        f"them on {what} yet."
+    ]
+
+
+def _fill_curve(runner: PointRunner, replicas: Counts, seed: int, knee: float) -> list[PlanPoint]:
     """The first seed's points plus a few below the knee, so the curves start low."""
     extra = [knee * f for f in (0.25, 0.5, 0.75)] if knee > 0 else [0.25, 0.5]
     runner.steady([(replicas, f, seed) for f in extra])
@@ -305,11 +376,18 @@ def _simulate(
     bursts: list[BurstCheck] = []
     cost: Cost | None = None
     seeds: list[SeedKnee] = []
+    pools: PoolsSearch | None = None
     stage = "the replica search"
-    replicas = choice.spec.replicas
+    counts = tuple(pool_replicas(choice.spec).values())
+    replicas: Counts = counts or choice.spec.replicas
     stages = settings.stages
     try:
-        if "replicas" in stages:
+        if "replicas" in stages and counts:
+            progress.stage("replicas for the peak, pool by pool", 8 * len(counts))
+            search, pools = search_pools(runner)
+            if all(p.recommended is not None for p in pools.pools):
+                replicas = tuple(p.recommended or 0 for p in pools.pools)
+        elif "replicas" in stages:
             progress.stage("replicas for the peak", 8)
             search = search_replicas(runner)
             replicas = search.recommended or choice.spec.replicas
@@ -327,7 +405,7 @@ def _simulate(
             progress.stage("bursts replayed", 1)
             run = replay(runner, replicas, traces)
             bursts = check_bursts(spec, analytic, run, knee)
-            cost = cost_of(spec, choice.spec, run)
+            cost = cost_of(spec, runner.cluster_at(replicas), run)
         stage = ""
     except KeyboardInterrupt:
         if seeds and knee is None:
@@ -346,6 +424,7 @@ def _simulate(
             replay=run,
             bursts=bursts,
             cost=cost,
+            pools=pools,
         ),
         stage or None,
     )

@@ -20,11 +20,11 @@ from headway.core.trace_data import TraceData
 from headway.core.workload.compile import CompiledWorkload, compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.planner.demand import steady_workload
-from headway.sim.cluster import ClusterSpec, with_replicas
+from headway.sim.cluster import ClusterSpec, pool_replicas, with_replicas
 from headway.sim.results import Group, Little, Segment, SimResult
 from headway.sim.run import simulate_compiled
 from headway.sim.simulator import OUTCOMES, SimOptions, SimOutcome
-from headway.sim.sweep import SweepPoint, sweep_point
+from headway.sim.sweep import SweepPoint, route_attainment, sweep_point
 
 
 class PointTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,10 +48,11 @@ class Percentiles(msgspec.Struct, frozen=True, kw_only=True):
     p99_s: float | None
 
 
-class PlanPoint(msgspec.Struct, frozen=True, kw_only=True):
+class PlanPoint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One steady point: the sweep's figures plus the percentiles the report plots."""
 
     replicas: int
+    """Replicas in all (of a cluster of pools, or of a disaggregated one: every pool's)."""
     offered_tasks_per_s_nominal: float
     """load factor × peak task rate (the rate the arrivals were drawn at)."""
     sweep: SweepPoint
@@ -61,6 +62,12 @@ class PlanPoint(msgspec.Struct, frozen=True, kw_only=True):
     completed_tasks_per_s: float
     kv_usage_max: float
     shed_calls: int
+    pool_replicas: dict[str, int] = {}
+    """Each pool's replicas (a cluster file's ``pools``; a disaggregated cluster's
+    ``prefill`` and ``decode``); left out of one pool's point."""
+    route_attainment: dict[str, float] = {}
+    """SLO attainment of each route (a workload with two or more routes; left out of a
+    one-route point): what the replica search of a cluster of pools holds each pool to."""
 
 
 class Series(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,7 +156,17 @@ def run_steady(task: PointTask, peak_tasks_per_s: float) -> PlanPoint:
         completed_tasks_per_s=r.slo.tasks_completed / r.throughput.window_s,
         kv_usage_max=float(outcome.timeline_kv_usage.max()) if outcome.timeline_s.size else 0.0,
         shed_calls=r.accounting.shed,
+        pool_replicas=pool_replicas(with_replicas(task.cluster, task.replicas)),
+        route_attainment=_by_route(task.spec, r),
     )
+
+
+def _by_route(spec: WorkloadSpec, r: SimResult) -> dict[str, float]:
+    """Each route's attainment, in the workload's order (a workload of one route: none)."""
+    if len(spec.routes) < 2:
+        return {}
+    found = route_attainment(r)
+    return {name: found[name] for name in spec.routes if name in found}
 
 
 def _present(

@@ -134,12 +134,46 @@ def render_terminal(plan: AnalyticPlan, console: Console) -> None:
     console.print(Panel(Group(*parts), title=f"headway plan: {plan.workload} (analytic)"))
 
 
+def _pools_table(plan: Plan) -> Table | None:
+    """Each pool's count at the peak: with all up, with one lost in it, and the
+    attainment one fewer replica gives (below target: the count is the smallest)."""
+    sim = plan.simulated
+    if sim is None or sim.pools is None or sim.replica_search is None:
+        return None
+    pools = sim.pools
+    lost = pools.failures_tolerated
+    table = Table(
+        title=f"Replicas per pool at the peak ({_fmt(sim.replica_search.peak_tasks_per_s)} "
+        f"tasks/s, steady; {lost} lost in each pool)",
+        title_justify="left",
+        show_edge=False,
+    )
+    for col in ("pool", "routes", "target", "replicas", f"with {lost} lost", "attained",
+                "one fewer"):  # fmt: skip
+        left = col in ("pool", "routes")
+        table.add_column(col, justify="left" if left else "right", overflow="fold")
+    for p in pools.pools:
+        table.add_row(
+            p.name,
+            ", ".join(p.routes),
+            f"{p.target:.0%}",
+            "—" if p.holding_peak is None else str(p.holding_peak),
+            "—" if p.recommended is None else str(p.recommended),
+            "—" if p.attainment_failures_lost is None else f"{p.attainment_failures_lost:.1%}",
+            "—" if p.attainment_one_fewer is None else f"{p.attainment_one_fewer:.1%}",
+        )
+    return table
+
+
 def _simulated_tables(plan: Plan) -> list[Any]:
     sim = plan.simulated
     parts: list[Any] = []
     if sim is None:
         return parts
     search = sim.replica_search
+    pools = _pools_table(plan)
+    if pools is not None:
+        parts += [pools, Text("")]
     if search is not None and search.trials:
         model = "calibrated" if sim.cluster.step_time == "profile" else "uncalibrated roofline"
         table = Table(
@@ -150,10 +184,13 @@ def _simulated_tables(plan: Plan) -> list[Any]:
         )
         for col in ("replicas", "attainment", "goodput/s", "TTFT p99", "e2e p99"):
             table.add_column(col, justify="right")
+        planned = {} if sim.pools is None else {p.name: p.recommended for p in sim.pools.pools}
         for p in search.trials:
-            mark = " ◀" if p.replicas == search.recommended else ""
+            at = p.pool_replicas == planned if planned else p.replicas == search.recommended
+            mark = " ◀" if at else ""
+            count = " · ".join(f"{k} {n}" for k, n in p.pool_replicas.items())
             table.add_row(
-                f"{p.replicas}{mark}",
+                f"{count or p.replicas}{mark}",
                 f"{p.sweep.slo_attainment:.1%}",
                 _fmt(p.sweep.goodput_per_s),
                 _fmt(p.sweep.ttft_p99_s, " s"),

@@ -6,7 +6,8 @@ Stages, each a set of simulated points (:mod:`headway.planner.points`):
    rate) on 1, 2, 4, ... replicas, then bisection, for the smallest count whose SLO
    attainment reaches the target, and every tenant with an ``attainment_target`` its own
    (:attr:`~headway.sim.sweep.SweepPoint.attainment_held`: the worst decides); the plan
-   adds ``planning.failures_tolerated``.
+   adds ``planning.failures_tolerated``. A cluster of pools or a disaggregated one gets
+   one count per pool (:mod:`headway.planner.pool_search`).
 2. **Knee**: on the planned cluster, the largest multiple of the peak rate that keeps
    attainment at target (bracketing and k-section, :func:`headway.sim.sweep.search_knee`),
    once per seed; the seeds give a 95% confidence interval.
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import msgspec
 
@@ -32,7 +34,7 @@ from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.planner.analytic import AnalyticPlan, Episode, fluid_episodes, source_profile
 from headway.planner.demand import peak_rates
 from headway.planner.points import PlanPoint, PointTask, Replay, run_replay, run_steady
-from headway.sim.cluster import ClusterSpec
+from headway.sim.cluster import ClusterSpec, pool_cluster, pool_replicas, with_pool_replicas
 from headway.sim.sweep import Knee, SweepPoint, attainment_target, search_knee, tenant_targets
 
 
@@ -46,7 +48,8 @@ class PlanSettings(msgspec.Struct, frozen=True, kw_only=True):
     knee_tolerance: float = 0.05
     """Relative width at which the knee search stops."""
     max_replicas: int = 256
-    """The replica search gives up above this."""
+    """The replica search gives up above this (in each pool of a cluster of pools or a
+    disaggregated one)."""
     points_per_round: int = 2
     """Points each search round runs at once (fixed, so any executor finds the same plan)."""
     stages: tuple[str, ...] = STAGES
@@ -87,11 +90,12 @@ class SeedKnee(msgspec.Struct, frozen=True, kw_only=True):
     points: int
 
 
-class KneeEstimate(msgspec.Struct, frozen=True, kw_only=True):
+class KneeEstimate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The knee of the planned cluster, over seeds."""
 
     target: float
     replicas: int
+    """Replicas in all (every pool's)."""
     peak_tasks_per_s: float
     found: bool
     tasks_per_s: float
@@ -105,6 +109,8 @@ class KneeEstimate(msgspec.Struct, frozen=True, kw_only=True):
     saturation_tasks_per_s: float
     """Most tasks/s any point completed (capacity regardless of SLO)."""
     seeds: list[SeedKnee]
+    pool_replicas: dict[str, int] = {}
+    """Each pool's replicas (a cluster of pools or a disaggregated one; else left out)."""
 
 
 class BurstCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,7 +159,45 @@ class Cost(msgspec.Struct, frozen=True, kw_only=True):
     """Joules per task completed within its deadline with an accepted outcome."""
 
 
-class SimulatedPlan(msgspec.Struct, frozen=True, kw_only=True):
+class PoolSize(msgspec.Struct, frozen=True, kw_only=True):
+    """One pool's count at the steady peak."""
+
+    name: str
+    """The pool (``pools.<name>``), or ``prefill`` / ``decode``."""
+    routes: list[str]
+    """The routes it serves (every route for ``prefill`` and ``decode``)."""
+    target: float
+    """What its attainment is held to: its routes' strictest class target (prefill and
+    decode: the whole workload's)."""
+    holding_peak: int | None
+    """Its smallest count that holds the peak, the other pools at theirs (None: none up
+    to ``settings.max_replicas``)."""
+    recommended: int | None
+    """``holding_peak + failures_tolerated``."""
+    attainment_failures_lost: float | None
+    """Its attainment with every pool at ``holding_peak`` (a pool: its lowest route's,
+    against that route's target; prefill and decode: the whole cluster's)."""
+    attainment_all_up: float | None
+    """The same with every pool at ``recommended``."""
+    attainment_one_fewer: float | None
+    """The same with this pool one below ``holding_peak``, the others at theirs (None:
+    it holds with one): below its target, which shows the count is the smallest."""
+
+
+class PoolsSearch(msgspec.Struct, frozen=True, kw_only=True):
+    """The replica search of a cluster of pools or of a disaggregated one."""
+
+    kind: Literal["pools", "disaggregation"]
+    failures_tolerated: int
+    """Added to each pool: a replica lost in every pool at once."""
+    pools: list[PoolSize]
+    holds: bool
+    """Every pool holds its target with all at ``holding_peak``, in one run."""
+    method: str
+    """How the counts were searched, in words."""
+
+
+class SimulatedPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Everything the simulation found (stages left unfinished are None or empty)."""
 
     cluster: ClusterSpec
@@ -166,6 +210,15 @@ class SimulatedPlan(msgspec.Struct, frozen=True, kw_only=True):
     replay: Replay | None
     bursts: list[BurstCheck]
     cost: Cost | None
+    pools: PoolsSearch | None = None
+    """A cluster of pools or a disaggregated one: each pool's count (``replica_search``
+    then holds their totals); left out for one pool."""
+
+
+Counts = int | tuple[int, ...]
+"""The replicas of a point: a count, or one count per pool (a cluster of pools, or a
+disaggregated one's prefill and decode: :func:`~headway.sim.cluster.pool_replicas`'s
+order)."""
 
 
 @dataclass
@@ -178,18 +231,26 @@ class PointRunner:
     executor: PointExecutor
     on_points: Callable[[int], None] = lambda n: None
     peak_tasks_per_s: float = 0.0
-    done: dict[tuple[int, float, int], PlanPoint] = field(default_factory=dict)
+    done: dict[tuple[Counts, float, int], PlanPoint] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.peak_tasks_per_s = sum(peak_rates(self.spec).values())
 
-    def task(self, replicas: int, factor: float, seed: int, kind: str = "steady") -> PointTask:
+    def cluster_at(self, replicas: Counts) -> ClusterSpec:
+        """The cluster of a point: the file's with ``replicas`` (one count per pool, or
+        a count in all)."""
+        if isinstance(replicas, tuple):
+            return with_pool_replicas(self.cluster, replicas)
+        return self.cluster
+
+    def task(self, replicas: Counts, factor: float, seed: int, kind: str = "steady") -> PointTask:
         """The task of one point."""
+        cluster = self.cluster_at(replicas)
         return PointTask(
             kind="replay" if kind == "replay" else "steady",
             spec=self.spec,
-            cluster=self.cluster,
-            replicas=replicas,
+            cluster=cluster,
+            replicas=cluster.replicas if isinstance(replicas, tuple) else replicas,
             load_factor=factor,
             seed=seed,
             duration_s=self.settings.steady_duration_s
@@ -197,7 +258,7 @@ class PointRunner:
             else self.spec.duration_s,
         )
 
-    def steady(self, keys: Sequence[tuple[int, float, int]]) -> list[PlanPoint]:
+    def steady(self, keys: Sequence[tuple[Counts, float, int]]) -> list[PlanPoint]:
         """Points for (replicas, load factor, seed) keys, computing the missing ones."""
         missing = list(dict.fromkeys(k for k in keys if k not in self.done))
         if missing:
@@ -209,6 +270,51 @@ class PointRunner:
         return [self.done[k] for k in keys]
 
 
+Search = Generator[list[int], list[bool], int | None]
+"""A search over one replica count: it yields the counts to try next (one batch), is
+sent whether each holds, and returns the smallest count that holds (None: none up to
+its limit)."""
+
+
+def smallest_count(limit: int, points_per_round: int) -> Search:
+    """1, 2, 4, ... up to ``limit`` until a count holds, then :func:`narrow_count`."""
+    bad, n = 0, 1
+    while n <= limit:
+        (holds,) = yield [n]
+        if holds:
+            return (yield from narrow_count(bad, n, points_per_round))
+        bad, n = n, n * 2
+    return None
+
+
+def narrow_count(bad: int, good: int, points_per_round: int) -> Search:
+    """k-section on the integers between a count that misses (``bad``; 0: none tried)
+    and one that holds (``good``), ``points_per_round`` counts a batch: the smallest
+    that holds."""
+    while good - bad > 1:
+        k = min(points_per_round, good - bad - 1)
+        trial = sorted({bad + max(1, round((good - bad) * (i + 1) / (k + 1))) for i in range(k)})
+        trial = [t for t in trial if bad < t < good]
+        results = yield trial
+        for t, holds in zip(trial, results, strict=True):
+            if holds:
+                good = min(good, t)
+            else:
+                bad = max(bad, t)
+    return good
+
+
+def run_search(search: Search, holds: Callable[[list[int]], list[bool]]) -> int | None:
+    """Drive ``search`` with ``holds`` (counts to whether each holds) to its answer."""
+    try:
+        batch = next(search)
+        while True:
+            batch = search.send(holds(batch))
+    except StopIteration as done:
+        result: int | None = done.value
+        return result
+
+
 def search_replicas(runner: PointRunner) -> ReplicaSearch:
     """Smallest replica count that holds the steady peak at target, plus failover."""
     spec, settings = runner.spec, runner.settings
@@ -216,29 +322,12 @@ def search_replicas(runner: PointRunner) -> ReplicaSearch:
     seed = spec.seed
     failures = spec.planning.failures_tolerated
 
-    def ok(n: int) -> bool:
-        return runner.steady([(n, 1.0, seed)])[0].sweep.attainment_held >= target
+    def holds(counts: list[int]) -> list[bool]:
+        points = runner.steady([(n, 1.0, seed) for n in counts])
+        return [p.sweep.attainment_held >= target for p in points]
 
-    bad, good = 0, None
-    n = 1
-    while n <= settings.max_replicas:
-        if ok(n):
-            good = n
-            break
-        bad, n = n, n * 2
+    good = run_search(smallest_count(settings.max_replicas, settings.points_per_round), holds)
     if good is not None:
-        while good - bad > 1:  # k-section on integers, one batch per round
-            k = min(settings.points_per_round, good - bad - 1)
-            trial = sorted(
-                {bad + max(1, round((good - bad) * (i + 1) / (k + 1))) for i in range(k)}
-            )
-            trial = [t for t in trial if bad < t < good]
-            points = runner.steady([(t, 1.0, seed) for t in trial])
-            for t, p in zip(trial, points, strict=True):
-                if p.sweep.attainment_held >= target:
-                    good = min(good, t)
-                else:
-                    bad = max(bad, t)
         curve = range(max(1, good - 2), good + failures + 2)
         runner.steady([(r, 1.0, seed) for r in curve])
     trials = sorted(
@@ -269,7 +358,7 @@ def _t95(n: int) -> float:
     return float(stats.t.ppf(0.975, n - 1))
 
 
-def knee_of_seed(runner: PointRunner, replicas: int, seed: int) -> SeedKnee:
+def knee_of_seed(runner: PointRunner, replicas: Counts, seed: int) -> SeedKnee:
     """One seed's knee search on ``replicas`` replicas."""
     target = attainment_target(runner.spec)
 
@@ -312,7 +401,7 @@ def crossing_load_factor(knee: Knee, points: Sequence[SweepPoint]) -> float:
     return knee.load_factor + share * (knee.upper_load_factor - knee.load_factor)
 
 
-def combine_knees(runner: PointRunner, replicas: int, seeds: list[SeedKnee]) -> KneeEstimate:
+def combine_knees(runner: PointRunner, replicas: Counts, seeds: list[SeedKnee]) -> KneeEstimate:
     """The knee over seeds: mean and a 95% t-interval."""
     rates = [s.knee_tasks_per_s for s in seeds]
     mean = statistics.fmean(rates)
@@ -326,9 +415,11 @@ def combine_knees(runner: PointRunner, replicas: int, seeds: list[SeedKnee]) -> 
         (p.completed_tasks_per_s for (r, _, _), p in runner.done.items() if r == replicas),
         default=0.0,
     )
+    cluster = runner.cluster_at(replicas)
     return KneeEstimate(
         target=attainment_target(runner.spec),
-        replicas=replicas,
+        replicas=cluster.replicas if isinstance(replicas, tuple) else replicas,
+        pool_replicas=pool_replicas(cluster) if isinstance(replicas, tuple) else {},
         peak_tasks_per_s=peak,
         found=all(s.knee.found for s in seeds),
         tasks_per_s=mean,
@@ -340,7 +431,7 @@ def combine_knees(runner: PointRunner, replicas: int, seeds: list[SeedKnee]) -> 
     )
 
 
-def replay(runner: PointRunner, replicas: int, traces: Mapping[str, TraceData] | None) -> Replay:
+def replay(runner: PointRunner, replicas: Counts, traces: Mapping[str, TraceData] | None) -> Replay:
     """The workload as written on ``replicas`` replicas."""
     task = runner.task(replicas, 1.0, runner.spec.seed, kind="replay")
     result = runner.executor.map(run_replay, [(task, traces)])[0]
@@ -418,9 +509,12 @@ def check_bursts(
 
 def replica_price(spec: WorkloadSpec, cluster: ClusterSpec) -> tuple[float | None, str]:
     """Price of one replica-hour and where it came from: the cluster's, the route's, the
-    GPU catalog's × tensor parallel."""
+    GPU catalog's × tensor parallel. A cluster of pools: each pool's own (its routes',
+    else its GPU's), averaged over the replicas."""
     if cluster.price_per_replica_hour is not None:
         return cluster.price_per_replica_hour, "the cluster's price_per_replica_hour"
+    if cluster.pools:
+        return _pools_price(spec, cluster)
     for name, route in spec.routes.items():
         if route.replica is not None and route.replica.price_per_hour is not None:
             return route.replica.price_per_hour, f"routes.{name}.replica.price_per_hour"
@@ -428,6 +522,21 @@ def replica_price(spec: WorkloadSpec, cluster: ClusterSpec) -> tuple[float | Non
     if gpu.price_per_hour is not None:
         return gpu.price_per_hour * cluster.tensor_parallel, f"the {gpu.name} catalog price"
     return None, "no price given (set routes.<name>.replica.price_per_hour)"
+
+
+def _pools_price(spec: WorkloadSpec, cluster: ClusterSpec) -> tuple[float | None, str]:
+    """The replicas' mean price over the pools, each pool priced by its own routes and
+    GPU (:func:`replica_price` of the pool alone)."""
+    total, sources = 0.0, []
+    for name, pool in cluster.pools.items():
+        routes = {r: spec.routes[r] for r in pool.routes if r in spec.routes}
+        alone = msgspec.structs.replace(spec, routes=routes or spec.routes)
+        price, source = replica_price(alone, pool_cluster(cluster, name))
+        if price is None:
+            return None, f"pool {name}: {source}"
+        total += price * pool.replicas
+        sources.append(f"pool {name}: {source}")
+    return total / cluster.replicas, "; ".join(sources) + " (averaged over the replicas)"
 
 
 def cost_of(spec: WorkloadSpec, cluster: ClusterSpec, run: Replay) -> Cost:

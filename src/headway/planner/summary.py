@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from headway.core.engine.catalog import get_gpu, get_model
 from headway.core.errors import ConfigError
 from headway.planner.analytic import AnalyticPlan
 from headway.planner.answer import Answer
 from headway.planner.compare import Comparison, output_tokens_per_s_per_replica
 from headway.planner.growth import Growth
-from headway.planner.simulated import SimulatedPlan
+from headway.planner.simulated import KneeEstimate, PoolsSearch, SimulatedPlan
 from headway.sim.baddays import BadDayMatrix
+from headway.sim.cluster import pool_cluster
 
 _COUNT_WORDS = ("no replica", "one", "two", "three", "four", "five")
 
@@ -35,6 +38,14 @@ def _replicas(n: int) -> str:
 
 def _lost(n: int) -> str:
     return _COUNT_WORDS[n] if n < len(_COUNT_WORDS) else str(n)
+
+
+def _knee_of(k: KneeEstimate) -> str:
+    """``4 replicas``, or of pools ``5 replicas (agent 3, bulk 2)``."""
+    if not k.pool_replicas:
+        return _replicas(k.replicas)
+    pools = ", ".join(f"{name} {n}" for name, n in k.pool_replicas.items())
+    return f"{_replicas(k.replicas)} ({pools})"
 
 
 def _capital(line: str) -> str:
@@ -112,6 +123,9 @@ def _tenant_lines(sim: SimulatedPlan) -> list[str]:
     lines: list[str] = []
     if search is not None and targets and search.trials:
         by_count = {p.replicas: p for p in search.trials}
+        if sim.pools is not None:  # several trials may share a total: the planned pools'
+            planned = {p.name: p.recommended for p in sim.pools.pools}
+            by_count.update((p.replicas, p) for p in search.trials if p.pool_replicas == planned)
         at = search.recommended if search.recommended in by_count else max(by_count)
         point = by_count[at].sweep
         cells = ", ".join(
@@ -156,8 +170,83 @@ def _tenant_lines(sim: SimulatedPlan) -> list[str]:
     return lines
 
 
+def _pool_names(sim: SimulatedPlan, pool: str) -> tuple[str, str]:
+    """What one pool's replicas are (its own model and GPU where the file gives them)."""
+    if pool not in sim.cluster.pools:
+        return _names(sim)
+    return _names(msgspec.structs.replace(sim, cluster=pool_cluster(sim.cluster, pool)))
+
+
+def pool_counts(counts: list[tuple[str, int, int]], lost: int, label: str = "pool ") -> str:
+    """``pool agent: 3 replicas (4 with one lost); pool bulk: 2 (3)`` for (name, all up,
+    with ``lost`` lost in each pool)."""
+    parts = []
+    for i, (name, held, planned) in enumerate(counts):
+        count = _replicas(held) if i == 0 else str(held)
+        if lost:
+            extra = f" ({planned} with {_lost(lost)} lost)" if i == 0 else f" ({planned})"
+        else:
+            extra = ""
+        parts.append(f"{label}{name}: {count}{extra}")
+    return "; ".join(parts)
+
+
+def _pools_line(sim: SimulatedPlan, pools: PoolsSearch) -> str | None:
+    """The simulation's count of each pool at the peak, in words."""
+    search = sim.replica_search
+    if search is None:
+        return None
+    label = "pool " if pools.kind == "pools" else ""
+    missing = [p for p in pools.pools if p.holding_peak is None]
+    if missing:
+        names = ", ".join(f"{label}{p.name}" for p in missing)
+        return (
+            f"{names} {'misses' if len(missing) == 1 else 'miss'} the attainment target at "
+            f"the peak even with {_replicas(sim.settings.max_replicas)} "
+            f"{'in each' if pools.kind == 'pools' else 'of prefill and of decode'}."
+        )
+    lost = pools.failures_tolerated
+    counts = [(p.name, p.holding_peak or 0, p.recommended or 0) for p in pools.pools]
+    models = {_on(*_pool_names(sim, p.name)) for p in pools.pools}
+    of = f" of {models.pop()}" if len(models) == 1 else ""
+    text = (
+        f"{pool_counts(counts, lost, label)}{of}: {_replicas(search.holding_peak or 0)} in all "
+        f"hold the peak of {search.peak_tasks_per_s:.3g} tasks/s"
+    )
+    if pools.kind == "disaggregation":
+        text += f" at {search.attainment_failures_lost or 0:.0%} SLO attainment"
+        if lost:
+            text += f", {search.recommended} with {_lost(lost)} lost in each of prefill and decode"
+        text += "."
+    else:
+        held = ", ".join(
+            f"pool {p.name} {p.attainment_failures_lost or 0:.0%}" for p in pools.pools
+        )
+        if lost:
+            text += f", {search.recommended} with {_lost(lost)} lost in each pool"
+        text += f", each pool at its routes' SLO attainment target ({held})."
+    if not pools.holds:
+        text += " Run together, the counts miss the target in a pool: see the trials."
+    return text
+
+
+def _pools_declared_line(analytic: AnalyticPlan, answer: Answer) -> str:
+    """Each pool's count sized from its routes' declared (measured) capacity."""
+    peak = analytic.periods[-1]
+    counts = [(a.pool, a.holding_peak or 0, a.replicas or 0) for a in answer.pools]
+    lost = (answer.replicas or 0) - (answer.holding_peak or 0)
+    per_pool = lost // len(counts) if counts else 0
+    return (
+        f"{pool_counts(counts, per_pool)} hold the peak of {peak.tasks_per_s:.3g} tasks/s, from "
+        "the per-replica capacity measured in each route's routes.<name>.replica, planned at "
+        f"{analytic.planning_factor:.0%}."
+    )
+
+
 def _answer_lines(analytic: AnalyticPlan, sim: SimulatedPlan, answer: Answer) -> list[str]:
     """The headline: the count the plan leads with, and what it rests on."""
+    if sim.pools is not None:
+        return _pools_answer_lines(analytic, sim, sim.pools, answer)
     model, gpu = _names(sim)
     simulated = _simulated_line(sim, model, gpu)
     if answer.basis == "calibrated":
@@ -185,6 +274,39 @@ def _answer_lines(analytic: AnalyticPlan, sim: SimulatedPlan, answer: Answer) ->
         "fit it with `headway calibrate` and pass --profile, or declare a measured "
         "routes.<name>.replica.output_tokens_per_s, which the plan then leads with.",
     ]
+
+
+def _pools_answer_lines(
+    analytic: AnalyticPlan, sim: SimulatedPlan, pools: PoolsSearch, answer: Answer
+) -> list[str]:
+    """The headline of a cluster of pools or a disaggregated one: each pool's count."""
+    simulated = _pools_line(sim, pools)
+    if not simulated:
+        return []
+    if answer.basis == "calibrated":
+        return [f"Calibrated simulation: {simulated}"]
+    if answer.basis == "measured":
+        return [
+            _pools_declared_line(analytic, answer),
+            f"Uncalibrated, the simulation (a roofline, not your engine) finds: {simulated} "
+            "Your measurement wins: to simulate your engine, fit it with `headway "
+            "calibrate` and pass --profile.",
+        ]
+    lines = [f"Uncalibrated simulation: {simulated}"]
+    if pools.kind == "disaggregation":
+        lines.append(
+            "Its step times come from a roofline, not from your engine: fit it with "
+            "`headway calibrate` and pass --profile; a capacity measured on colocated "
+            "replicas (routes.<name>.replica) sizes no prefill or decode pool."
+        )
+    else:
+        lines.append(
+            "Its step times come from a roofline, not from your engine: fit it with "
+            "`headway calibrate` and pass --profile, or declare a measured "
+            "routes.<name>.replica.output_tokens_per_s for every route, which the plan "
+            "then leads with."
+        )
+    return lines
 
 
 def summarize_plan(
@@ -224,20 +346,20 @@ def summarize_plan(
         saturated = [s for s in k.seeds if s.knee.stopped == "saturated"]
         if saturated:
             lines.append(
-                f"The SLO does not limit {_replicas(k.replicas)}: attainment stays at target "
+                f"The SLO does not limit {_knee_of(k)}: attainment stays at target "
                 f"up to saturation, {k.saturation_tasks_per_s:.3g} tasks/s completed (the "
                 f"knee search stopped there, at {saturated[0].knee.load_factor:.3g}× the "
                 "peak); tighten the SLO to plan for latency."
             )
         elif k.found:
             lines.append(
-                f"The knee of {_replicas(k.replicas)} is {k.tasks_per_s:.3g} tasks/s{interval}, "
+                f"The knee of {_knee_of(k)} is {k.tasks_per_s:.3g} tasks/s{interval}, "
                 f"{k.load_factor:.2g}× the peak (a steady load at the peak's mix, bursts "
                 "left out; `headway sweep --search` scales the file as written, bursts "
                 "included)."
             )
         else:
-            lines.append(f"{_replicas(k.replicas)} miss the target even at a fraction of the peak.")
+            lines.append(_capital(f"{_knee_of(k)} miss the target even at a fraction of the peak."))
     if sim.bursts:
         b = max(sim.bursts, key=lambda x: x.fluid_backlog_tasks)
         ratio = b.peak_rate_per_s / peak.tasks_per_s if peak.tasks_per_s else 0.0

@@ -210,9 +210,136 @@ def latency_section(sim: dict[str, Any], bounds: dict[str, float]) -> str:
     return "<h2>Latency against offered load</h2><div class='plots'>" + "".join(charts) + "</div>"
 
 
+def _pool_words(pools: dict[str, Any], answer: dict[str, Any] | None) -> str:
+    """``pool agent: 3 replicas (4 with one lost); pool bulk: 2 (3)``, and the answer's
+    counts when a declared measurement leads."""
+    label = "pool " if pools["kind"] == "pools" else ""
+    lost = pools["failures_tolerated"]
+    parts = []
+    for i, p in enumerate(pools["pools"]):
+        held, planned = p["holding_peak"], p["recommended"]
+        if held is None:
+            parts.append(f"{label}{html.escape(p['name'])}: none up to the search's limit")
+            continue
+        count = f"{held} replica{'s' if held != 1 else ''}" if i == 0 else str(held)
+        extra = (f" ({planned} with {lost} lost)" if i == 0 else f" ({planned})") if lost else ""
+        parts.append(f"{label}<b>{html.escape(p['name'])}</b>: {count}{extra}")
+    words = "<p>" + "; ".join(parts) + ".</p>"
+    if answer is not None and answer.get("basis") == "measured" and answer.get("pools"):
+        led = "; ".join(
+            f"{label}{html.escape(a['pool'])}: <b>{a['replicas']}</b>" for a in answer["pools"]
+        )
+        words += (
+            f"<p class='bad'>The plan leads with {led}, sized from the capacity measured in "
+            "each route's routes.&lt;name&gt;.replica: a measurement wins over an "
+            "uncalibrated simulation.</p>"
+        )
+    return words
+
+
+def pools_section(sim: dict[str, Any], answer: dict[str, Any] | None = None) -> str:
+    """Each pool's count at the steady peak (a cluster of pools, or a disaggregated
+    one's prefill and decode): with all up, with the tolerated loss in each pool, and the
+    attainment one fewer gives, beside the points tried."""
+    pools, search = sim.get("pools"), sim.get("replica_search")
+    if not pools or not search:
+        return ""
+    lost = pools["failures_tolerated"]
+    calibrated = sim.get("cluster", {}).get("step_time") == "profile"
+    kind = "calibrated" if calibrated else "uncalibrated (a roofline, not your engine)"
+    judged = (
+        "each pool by its own routes' attainment (a route's calls go to its pool only)"
+        if pools["kind"] == "pools"
+        else "the prefill and decode counts by the whole cluster's attainment"
+    )
+    rows = []
+    for p in pools["pools"]:
+        target = p["target"]
+        rows.append(
+            [
+                html.escape(p["name"]),
+                html.escape(", ".join(p["routes"])),
+                pct(target),
+                fmt(p["holding_peak"]),
+                f"<b>{fmt(p['recommended'])}</b>",
+                heat(p["attainment_failures_lost"], target - 0.2, target,
+                     pct(p["attainment_failures_lost"])),
+                heat(p["attainment_one_fewer"], target - 0.2, target,
+                     pct(p["attainment_one_fewer"])),
+            ]
+        )  # fmt: skip
+    chart = bar_chart(
+        Frame(
+            "pools",
+            "SLO attainment at the peak, each pool at its count and one fewer",
+            "",
+            "SLO attainment",
+            y_max=1.0,
+            y_format=share,
+        ),
+        [p["name"] for p in pools["pools"]],
+        [
+            ("at its count", [p["attainment_failures_lost"] for p in pools["pools"]]),
+            ("one fewer", [p["attainment_one_fewer"] for p in pools["pools"]]),
+        ],
+    )
+    trials = [
+        [
+            html.escape(" · ".join(f"{k} {n}" for k, n in t.get("pool_replicas", {}).items())),
+            str(t["replicas"]),
+            pct(t["sweep"]["slo_attainment"]),
+            html.escape(
+                ", ".join(f"{k} {pct(v)}" for k, v in t.get("route_attainment", {}).items())
+            )
+            or "—",
+            fmt(t["sweep"]["ttft_p99_s"], " s"),
+            fmt(t["sweep"]["e2e_p99_s"], " s"),
+        ]
+        for t in search["trials"]
+    ]
+    note = "" if pools["holds"] else (
+        "<p class='bad'>Run together, the counts miss the target in a pool.</p>"
+    )  # fmt: skip
+    return (
+        "<h2 id='pools'>Replicas per pool</h2>"
+        f"<p>In the {kind} simulation, at the peak of {search['peak_tasks_per_s']:.3g} tasks/s "
+        f"(steady), judging {judged}; {lost} replica{'s' if lost != 1 else ''} lost in each "
+        f"pool at once:</p>{_pool_words(pools, answer)}{note}"
+        f"<p class='muted'>Searched: {html.escape(pools['method'])}.</p>"
+        f"<div class='plots'>{chart}<div><h3>Each pool's count</h3>"
+        + table(
+            [
+                "pool",
+                "routes",
+                "target (%)",
+                "holding the peak (replicas)",
+                f"with {lost} lost (replicas)",
+                "attainment at its count (%)",
+                "one fewer: attainment (%)",
+            ],
+            rows,
+        )
+        + "</div></div><h3>Points tried at the peak</h3>"
+        + table(
+            [
+                "pool counts (replicas)",
+                "replicas",
+                "attainment (%)",
+                "per route (%)",
+                "TTFT p99 (s)",
+                "e2e p99 (s)",
+            ],
+            trials,
+        )
+    )
+
+
 def replicas_section(sim: dict[str, Any], answer: dict[str, Any] | None = None) -> str:
     """Attainment at the steady peak by replica count, the simulation's count marked; with
-    ``answer`` (the plan's) saying when a declared measurement leads instead."""
+    ``answer`` (the plan's) saying when a declared measurement leads instead. A cluster
+    of pools or a disaggregated one: :func:`pools_section`."""
+    if sim.get("pools"):
+        return pools_section(sim, answer)
     search = sim.get("replica_search")
     if not search or not search["trials"]:
         return ""

@@ -356,6 +356,35 @@ def check_routes(spec: ClusterSpec, routes: Sequence[str]) -> None:
         )
 
 
+def pool_replicas(spec: ClusterSpec) -> dict[str, int]:
+    """Each pool's replicas: the cluster's ``pools``, or a disaggregated cluster's
+    ``prefill`` and ``decode`` (empty: one pool)."""
+    if spec.pools:
+        return {name: pool.replicas for name, pool in spec.pools.items()}
+    if spec.disaggregation is not None:
+        prefill = spec.disaggregation.prefill_replicas
+        return {"prefill": prefill, "decode": spec.replicas - prefill}
+    return {}
+
+
+def with_pool_replicas(spec: ClusterSpec, counts: Sequence[int]) -> ClusterSpec:
+    """``spec`` with each pool's replicas set, in :func:`pool_replicas`'s order (the
+    pools' order; ``prefill`` then ``decode``); ``replicas`` their sum."""
+    names = list(pool_replicas(spec))
+    if len(counts) != len(names) or min(counts, default=0) < 1:
+        raise ValueError(f"one count >= 1 per pool ({', '.join(names)}), got {list(counts)}")
+    if spec.pools:
+        pools = {
+            name: msgspec.structs.replace(pool, replicas=n)
+            for (name, pool), n in zip(spec.pools.items(), counts, strict=True)
+        }
+        return msgspec.structs.replace(spec, replicas=sum(counts), pools=pools)
+    assert spec.disaggregation is not None
+    prefill, decode = counts
+    disagg = msgspec.structs.replace(spec.disaggregation, prefill_replicas=prefill)
+    return msgspec.structs.replace(spec, replicas=prefill + decode, disaggregation=disagg)
+
+
 def with_replicas(spec: ClusterSpec, replicas: int) -> ClusterSpec:
     """``spec`` with ``replicas`` in all; its pools keep their shares of them (largest
     remainder, at least one each)."""

@@ -63,7 +63,9 @@ class SweepPoint(msgspec.Struct, frozen=True, kw_only=True):
     held_attainment: float | None = None
     """The attainment the plan holds to the target: the overall one, or a targeted
     tenant's shifted by its target's distance from the overall target where that is
-    lower (:func:`held_attainment`). None: the overall one (no tenant has a target)."""
+    lower (:func:`held_attainment`); with two or more routes, each route's in place of
+    the overall one, shifted by its own target's distance (:func:`route_targets`). None:
+    the overall one (one route, no tenant with a target)."""
 
     @property
     def attainment_held(self) -> float:
@@ -117,6 +119,28 @@ def tenant_targets(spec: WorkloadSpec) -> dict[str, float]:
     }
 
 
+def route_targets(spec: WorkloadSpec) -> dict[str, float]:
+    """Each route's target: the strictest ``attainment_target`` of the classes whose
+    calls go there (a class without ``route`` goes to the first); routes no class uses
+    are left out."""
+    first = next(iter(spec.routes))
+    targets: dict[str, float] = {}
+    for cls in spec.classes.values():
+        route = cls.route or first
+        targets[route] = max(targets.get(route, 0.0), cls.slo.attainment_target)
+    return targets
+
+
+def route_attainment(result: SimResult) -> dict[str, float]:
+    """SLO attainment of each route with calls to judge (the result's ``route`` segments:
+    over its calls, losing branches left out, like the overall one)."""
+    return {
+        s.name: s.slo_attainment
+        for s in result.segments
+        if s.dimension == "route" and s.slo_attainment is not None
+    }
+
+
 def held_attainment(
     overall: float, tenants: Mapping[str, float], targets: Mapping[str, float], target: float
 ) -> float:
@@ -132,6 +156,23 @@ def held_attainment(
         if name in tenants:
             margin = min(margin, tenants[name] - want)
     return overall if margin == overall - target else target + margin
+
+
+def routes_held_attainment(
+    routes: Mapping[str, float],
+    route_wants: Mapping[str, float],
+    tenants: Mapping[str, float],
+    targets: Mapping[str, float],
+    target: float,
+) -> float:
+    """:func:`held_attainment` for a workload of several routes (each served by its own
+    pool): ``target`` plus the smallest margin of each route over its own target and of
+    each targeted tenant over its target, so it is ``>= target`` exactly when every route
+    and every targeted tenant holds. The overall attainment does not take part: a route
+    whose classes ask for less need not reach the strictest class's target."""
+    margins = [routes[name] - want for name, want in route_wants.items() if name in routes]
+    margins += [tenants[name] - want for name, want in targets.items() if name in tenants]
+    return target + min(margins, default=0.0)
 
 
 def sweep_point(
@@ -161,12 +202,22 @@ def sweep_point(
         output_tokens_per_s=result.throughput.output_tokens_per_s,
         preemptions=result.engine.preemptions,
         tenant_attainment=tenants,
-        held_attainment=(
-            held_attainment(result.slo.attainment, tenants, targets, attainment_target(spec))
-            if targets
-            else None
-        ),
+        held_attainment=_held(spec, result, tenants, targets),
     )
+
+
+def _held(
+    spec: WorkloadSpec, result: SimResult, tenants: dict[str, float], targets: dict[str, float]
+) -> float | None:
+    """The point's :attr:`SweepPoint.held_attainment` (None: the overall attainment)."""
+    target = attainment_target(spec)
+    if len(spec.routes) > 1:
+        return routes_held_attainment(
+            route_attainment(result), route_targets(spec), tenants, targets, target
+        )
+    if targets:
+        return held_attainment(result.slo.attainment, tenants, targets, target)
+    return None
 
 
 def run_point(

@@ -253,3 +253,13 @@ def test_the_burst_headline_counts_in_the_tables_unit(small_plan: Plan) -> None:
     b = max(sim.bursts, key=lambda x: x.fluid_backlog_tasks)
     line = next(s for s in small_plan.summary if " burst to " in s)
     assert f"{b.measured_backlog_tasks:.0f} tasks above normal at worst" in line, line
+
+
+def test_a_one_pool_plan_carries_no_pool_keys(small_plan: Plan) -> None:
+    """Issue 19, deliverable 3: the per-pool keys are left out of a one-pool plan, so its
+    JSON is what it was before plans sized pools."""
+    data = json.loads(to_json(small_plan))
+    assert "pools" not in data["simulated"] and "pools" not in data["answer"]
+    assert "pool_replicas" not in data["simulated"]["knee"]
+    points = data["simulated"]["replica_search"]["trials"] + data["simulated"]["sweep"]
+    assert all("pool_replicas" not in p and "route_attainment" not in p for p in points)

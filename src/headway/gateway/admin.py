@@ -101,8 +101,8 @@ class AdminAPI:
         """Re-read the config file: tenants, models, admin token, upstreams and the
         admission, queue and retry settings take effect at once (a removed upstream is
         drained: its in-flight requests finish); queued and in-flight requests keep their
-        places. ``preset``, ``access_log``, adding or removing ``pool``, and shared (Redis)
-        budgets need a restart (reported in ``needs_restart``)."""
+        places. ``preset``, ``access_log``, ``autoscaler``, adding or removing ``pool``, and
+        shared (Redis) budgets need a restart (reported in ``needs_restart``)."""
         refused = self._admin(request)
         if refused is not None:
             return refused
@@ -148,7 +148,9 @@ class AdminAPI:
                 )  # fmt: skip
                 added.append(url)
         restart = [
-            name for name in ("preset", "access_log") if getattr(old, name) != getattr(new, name)
+            name
+            for name in ("preset", "access_log", "autoscaler")
+            if getattr(old, name) != getattr(new, name)
         ]
         if (old.pool is None) != (new.pool is None):
             restart.append("pool")

@@ -46,6 +46,7 @@ from headway.core.policy.queues import PriorityQueues
 from headway.core.policy.retries import RetryPolicy
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior, prior_from_step_time
 from headway.gateway.config import GatewayFileConfig
+from headway.gateway.desired_replicas import DesiredReplicas
 
 __all__ = [
     "BudgetSeam",
@@ -126,6 +127,12 @@ class Controller:
         """Each lease's future, for as long as the lease lives (its handler holds it)."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        scaler = config.autoscaler
+        self.desired = (
+            None if scaler is None else DesiredReplicas(scaler, [u.route for u in config.upstreams])
+        )
+        """The desired replicas per pool (with ``autoscaler:``): fed here, evaluated by the
+        server's timer."""
 
     @staticmethod
     def _state(config: GatewayFileConfig, index: int) -> UpstreamState:
@@ -257,7 +264,10 @@ class Controller:
     ) -> Shed | Lease:
         """Decide on one request now: a shed, or a lease (dispatched or queued: await
         :meth:`ready`)."""
-        decision = self.core.offer(self.now(), request, revision, route)
+        now = self.now()
+        decision = self.core.offer(now, request, revision, route)
+        if self.desired is not None:
+            self.desired.offered(now, request, route, decision)
         if isinstance(decision, Lease):
             future = asyncio.get_running_loop().create_future()
             if decision.upstream is not None:
@@ -299,6 +309,8 @@ class Controller:
         future = self._waiting.get(lease)
         if future is not None and not future.done():
             future.cancel()
+        if self.desired is not None:
+            self.desired.ended(self.now(), lease)
         self._settle()
 
     def pump(self) -> None:
@@ -316,6 +328,8 @@ class Controller:
     def _settle(self) -> None:
         """Deliver the core's settlements to their futures; arm the expiry timer."""
         for lease, outcome in self.core.outcomes():
+            if self.desired is not None and isinstance(outcome, UpstreamState):
+                self.desired.dispatched(self.now(), lease)
             future = self._waiting.get(lease)
             if future is not None and not future.done():
                 future.set_result(outcome)

@@ -391,3 +391,34 @@ def test_predictive_settings_name_the_field() -> None:
         PredictiveConfig(kv_occupancy_target=1.5)
     with pytest.raises(msgspec.ValidationError, match="kind"):
         msgspec.convert({"kind": "oracle"}, AutoscalerConfig)
+
+
+def test_a_burst_that_has_passed_starts_no_replica() -> None:
+    """Capacity known (1,000 tokens/s a replica), start-up past the recovery objective:
+    after a burst of 5,000 tokens/s on 3 replicas the load is back to 1,500 while the
+    drained backlog still ends late (misses at 6× their target). The pool keeps what it
+    has (the warm floor, 1.5× the peak, only keeps replicas) and starts none: one would be
+    ready to serve a load the pool already carries."""
+    config = AutoscalerConfig(
+        **_timings(min_replicas=3, detection_delay_s=0.0),  # type: ignore[arg-type]
+        kind="predictive",
+        predictive=PredictiveConfig(replica_tokens_per_s=1000.0),
+    )
+    scaler = Autoscaler(config)
+    for k, (offered, misses) in enumerate([(5000.0, 0.3)] + [(1500.0, 0.3)] * 12):
+        decision = scaler.decide(
+            15.0 * k,
+            AutoscalerSignals(
+                ready_replicas=3,
+                starting_replicas=0 if k == 0 else 3,
+                queue_delay_s=0.0 if k else 5.0,
+                admitted_tokens_per_s=min(offered, 3000.0),
+                kv_occupancy=0.3,
+                deadline_miss_ratio=misses,
+                offered_tokens_per_s=offered,
+            ),
+        )
+        if k == 0:  # the burst itself: the forecast asks for more
+            assert isinstance(decision, ScaleUp)
+        else:
+            assert isinstance(decision, Hold), (k, decision)

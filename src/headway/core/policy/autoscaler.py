@@ -42,28 +42,33 @@ here is already aggregated), and percentage-based rate policies (``max_step`` is
 ``kind: predictive`` (seed 003: "combine queue delay, admitted token work, cache occupancy,
 active sequences, deadline misses, and load per replica"; seed 002: "predict short-horizon
 offered load") replaces step 3's one-signal ``desired`` and nothing else: the same
-breach, detection, stabilisation, cooldown and step rules then apply to it.
+breach, detection, stabilisation, cooldown and step rules then apply to it::
 
     pressure   = max(value_i / target_i)           every measured signal of
                                                    :class:`PredictiveConfig` (HPA's
                                                    several-metrics rule: the largest)
-    capacity   = declared replica_tokens_per_s, else admitted tokens per ready replica
-                 measured while pressure >= 1 (a saturated replica's throughput), smoothed
+    capacity   = admitted tokens per ready replica while they are full (queue delay, KV
+                 occupancy or active sequences at target; deadline misses lag, so not
+                 them), smoothed; starting from replica_tokens_per_s when declared
     forecast   = Holt's damped trend of offered tokens/s (:mod:`.load_forecast`),
                  startup_delay_s ahead: the load when a replica started now serves
     peak       = the largest offered load measured over the last peak_hold_s
-    need       = max(ready × pressure  if pressure > 1,
-                     forecast / capacity,
-                     warm_surge × peak / capacity  if startup_delay_s > recovery_objective_s)
+    ahead      = forecast / capacity, or ready × pressure if larger while the forecast
+                 is still above what the ready replicas carry
+    floor      = peak / capacity, × warm_surge if startup_delay_s > recovery_objective_s
+    need       = ahead                       if ahead > current (the forecast adds)
+                 min(current, max(ahead, floor))   else (the floor only keeps)
     desired    = ceil(need); ratio = need / current (for the tolerance band)
 
-Scale-down needs a capacity: without one (nothing declared, nothing saturated yet) and a
-start-up longer than the recovery objective, the predictive autoscaler does not remove a
-replica it could not bring back in time (seed 003: "keep warm capacity when model loading
-and compilation take longer than the service's recovery objective"). Sizing a scale-down
-for the peak of the last ``peak_hold_s`` (default: start-up plus the scale-down cooldown)
-is what keeps a load that comes and goes faster than a replica starts from flapping the
-pool: the capacity stays for the next high phase.
+Before any capacity is known: ``need = ready × pressure`` (HPA's rule on the combined
+signals), and with a start-up longer than the recovery objective no scale-down at all:
+the predictive autoscaler does not remove a replica it could not bring back in time and
+whose load it cannot measure (seed 003: "keep warm capacity when model loading and
+compilation take longer than the service's recovery objective"). Sizing a scale-down for
+the peak of the last ``peak_hold_s`` (default: start-up plus the scale-down cooldown) is
+what keeps a load that comes and goes faster than a replica starts from flapping the
+pool: the capacity stays for the next high phase. The floor never starts a replica: once
+a burst has gone, a replica that would be ready for it arrives to no work.
 """
 
 from __future__ import annotations
@@ -121,8 +126,8 @@ class PredictiveConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     replica_tokens_per_s: float | None = None
     """Tokens per second (prompt + output) one replica carries inside its SLO, e.g. from
-    ``headway plan``; also the target of admitted tokens per replica. None: learned from
-    the admitted throughput of saturated replicas."""
+    ``headway plan``; also the target of admitted tokens per replica. It is the starting
+    value, refined by what full replicas admit. None: unknown until replicas are full."""
 
     alpha: float = 0.5
     """Holt's level smoothing, per evaluation: half the weight on the newest sample."""
@@ -562,8 +567,8 @@ class Autoscaler:
             return Hold("no signal measured, or no replica ready")
         pressure, worst = found
         admitted = signals.admitted_tokens_per_s
-        if p.replica_tokens_per_s is None and pressure >= 1 and admitted is not None:
-            measured = admitted / ready  # a saturated replica admits what it can carry
+        if self._full(signals) and admitted is not None:
+            measured = admitted / ready  # a full replica admits what it can carry
             known = self.capacity_tokens_per_s
             self.capacity_tokens_per_s = (
                 measured if known is None else known + p.alpha * (measured - known)
@@ -585,28 +590,52 @@ class Autoscaler:
             peaks.popleft()
         peak = max((v for _, v in peaks), default=0.0)
         warm = cfg.startup_delay_s > p.recovery_objective_s
-        need = ready * pressure if pressure > 1 else 0.0
         capacity = self.capacity_tokens_per_s
+        current = signals.current_replicas
         why = f"{worst} at {pressure:.3f}× its target"
-        if capacity is not None and forecast is not None:
-            need = max(need, forecast / capacity, (p.warm_surge if warm else 1.0) * peak / capacity)
+        if capacity is None or forecast is None:
+            # No load model yet: HPA's rule on the pressure; kept warm, it only grows.
+            need = ready * pressure
+            may_shrink = not warm
+            if warm:
+                why += (
+                    f"; no replica capacity known and start-up {cfg.startup_delay_s:g} s "
+                    f"exceeds the recovery objective {p.recovery_objective_s:g} s: capacity "
+                    "kept warm"
+                )
+        else:
+            ahead = forecast / capacity
+            if pressure > 1 and forecast > ready * capacity:
+                ahead = max(ahead, ready * pressure)  # still overloaded when it is ready
+            floor = (p.warm_surge if warm else 1.0) * peak / capacity
+            # The forecast adds replicas; the floor only keeps them (it never adds one: a
+            # burst's peak is no reason to start a replica once its load has gone).
+            need = ahead if ahead > current else min(float(current), max(ahead, floor))
+            may_shrink = True
             why += (
                 f", offered {load:.4g} tokens/s forecast {forecast:.4g} in "
                 f"{cfg.startup_delay_s:g} s, peak {peak:.4g}, {capacity:.4g} per replica"
             )
             if warm:
-                why += f", warm for {p.warm_surge:g}× the peak"
-        may_shrink = capacity is not None or not warm
-        if capacity is None and not warm:
-            need = max(need, ready * pressure)  # no load model: HPA on the pressure
-        if not may_shrink:
-            why += (
-                f"; no replica capacity known and start-up {cfg.startup_delay_s:g} s exceeds "
-                f"the recovery objective {p.recovery_objective_s:g} s: capacity kept warm"
-            )
-        current = signals.current_replicas
+                why += f", {p.warm_surge:g}× the peak kept warm"
         ratio = need / current if current else math.inf
         return ratio, max(1, math.ceil(need)), why, may_shrink
+
+    def _full(self, signals: AutoscalerSignals) -> bool:
+        """A signal that is high while replicas are full now (queue delay, KV occupancy,
+        active sequences) is at its target: the admitted rate is what they carry. Deadline
+        misses lag (a drained backlog still ends late), so they do not count."""
+        p = self.config.predictive
+        ready = max(1, signals.ready_replicas)
+        return (
+            (signals.queue_delay_s is not None and signals.queue_delay_s >= p.queue_delay_target_s)
+            or (signals.kv_occupancy is not None and signals.kv_occupancy >= p.kv_occupancy_target)
+            or (
+                signals.active_sequences is not None
+                and p.active_sequences_target is not None
+                and signals.active_sequences / ready >= p.active_sequences_target
+            )
+        )
 
     def _scale_up(self, now: float, current: int, what: str) -> ScaleDecision:
         cfg = self.config

@@ -1,7 +1,8 @@
 """The live gateway recommends replicas (issue 20, deliverable 5): with ``autoscaler:``
 its /metrics carries ``headway_gateway_desired_replicas{pool}``, the core predictive
 autoscaler on the gateway's own counters, and the figure rises while one emulated
-upstream with two slots is offered more than it carries."""
+upstream with two slots is offered more than it carries; a reload that changes the
+autoscaler or its pools is reported as needing a restart."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from headway.gateway.process import GatewayProcess
 from headway.metrics_catalog import DESIRED_REPLICAS_METRIC
 
 KEY = "key-acme"
+ADMIN = "admin-secret"
 
 
 def _desired(url: str) -> float:
@@ -39,6 +41,7 @@ def test_the_desired_replica_count_appears_and_rises_under_load() -> None:
     config = {
         "tenants": {KEY: {"name": "acme"}},
         "metrics_public": True,
+        "admin_token": ADMIN,
         "slots_per_upstream": 2,
         "autoscaler": {
             "kind": "predictive",
@@ -72,6 +75,22 @@ def test_the_desired_replica_count_appears_and_rises_under_load() -> None:
         stop.set()
         watcher.join()
         loaded_s = time.monotonic() - started
+        # A reload cannot move the pools or the autoscaler under running windows: it says so.
+        gateway.write_config(
+            {
+                **gateway.config,
+                "upstreams": [{"url": emulator.url, "route": "llama-3-8b"}],
+                "routes": {"llama-3-8b": {}},
+                "autoscaler": {**config["autoscaler"], "max_replicas": 5},
+            }
+        )
+        reload = urllib.request.Request(
+            f"{gateway.url}/admin/reload", b"{}",
+            {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"},
+        )  # fmt: skip
+        with urllib.request.urlopen(reload, timeout=10) as resp:
+            needs_restart = json.loads(resp.read())["needs_restart"]
+    assert {"autoscaler", "autoscaler pools"} <= set(needs_restart), needs_restart
     assert set(codes) == {200}
     assert idle == 1.0  # the one upstream, before any load
     assert loaded_s > 1.0, "the load did not last long enough to be measured"

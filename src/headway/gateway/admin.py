@@ -156,6 +156,8 @@ class AdminAPI:
             restart.append("pool")
         if self.shared is not None and old.admission_config() != new.admission_config():
             restart.append("shared tenant budgets")
+        if ctl.desired is not None and ctl.desired.pools_of(new) != ctl.desired.pools_of(old):
+            restart.append("autoscaler pools")
         self.config = new
         ctl.reconfigure(new)
         self.deadlines = DeadlinePolicy(

@@ -39,6 +39,7 @@ from headway.core.policy.autoscaler import (
     ScaleUp,
 )
 from headway.core.policy.decisions import Shed
+from headway.gateway.config import GatewayFileConfig
 
 __all__ = ["DEFAULT_POOL", "DesiredReplicas"]
 
@@ -76,6 +77,12 @@ class DesiredReplicas:
         self.next_evaluation_s: float | None = None
         self.last_reason: dict[str, str] = {}
         """Per pool, the reason of its last decision (for ``/admin/state`` and logs)."""
+
+    @staticmethod
+    def pools_of(config: GatewayFileConfig) -> set[str]:
+        """The pools ``config``'s upstreams make (fixed at start: a reload that changes
+        them is reported in ``needs_restart``)."""
+        return {u.route or DEFAULT_POOL for u in config.upstreams}
 
     def pool_of(self, route: str | None) -> _Pool | None:
         """The pool that serves ``route`` (its own upstreams, else ``default``)."""

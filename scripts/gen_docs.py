@@ -16,6 +16,7 @@ from headway.files.reference import reference_markdown, workload_json_schema
 from headway.metrics_catalog import (
     EMULATOR,
     GATEWAY,
+    GATEWAY_AUTOSCALER,
     GATEWAY_POOL,
     GATEWAY_SHARED_BUDGETS,
     GATEWAY_STATIC_UPSTREAMS,
@@ -75,6 +76,7 @@ METRIC_TABLES = {
         ("with `--redis`", GATEWAY_SHARED_BUDGETS),
         ("", GATEWAY_TICKETS),
         ("with `pool:`", GATEWAY_POOL),
+        ("with `autoscaler:`", GATEWAY_AUTOSCALER),
     ],
     "emulate.md": [("", EMULATOR)],
 }

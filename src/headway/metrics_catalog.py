@@ -299,15 +299,29 @@ GATEWAY_POOL: tuple[MetricSpec, ...] = (
 """With ``pool:``: the upstream pool's view of each engine (read from the pool)."""
 
 
-def gateway_specs(*, pool: bool, shared_budgets: bool) -> tuple[MetricSpec, ...]:
-    """The gateway's metrics in exposition order, for a gateway with or without a pool and
-    shared budgets."""
+GATEWAY_AUTOSCALER: tuple[MetricSpec, ...] = (
+    _gauge("headway_gateway_desired_replicas",
+           "Replicas the core autoscaler wants for the pool (a route's upstreams, or "
+           "default); KEDA or an HPA scales on it.", "pool"),
+)  # fmt: skip
+"""With ``autoscaler:`` (:mod:`headway.gateway.desired_replicas`)."""
+
+DESIRED_REPLICAS_METRIC = GATEWAY_AUTOSCALER[0].name
+"""The gauge a KEDA ScaledObject or an HPA external metric scales on."""
+
+
+def gateway_specs(
+    *, pool: bool, shared_budgets: bool, autoscaler: bool = False
+) -> tuple[MetricSpec, ...]:
+    """The gateway's metrics in exposition order, for a gateway with or without a pool,
+    shared budgets and an autoscaler."""
     return (
         *GATEWAY,
         *(() if pool else GATEWAY_STATIC_UPSTREAMS),
         *(GATEWAY_SHARED_BUDGETS if shared_budgets else ()),
         *GATEWAY_TICKETS,
         *(GATEWAY_POOL if pool else ()),
+        *(GATEWAY_AUTOSCALER if autoscaler else ()),
     )
 
 

@@ -101,8 +101,8 @@ class AdminAPI:
         """Re-read the config file: tenants, models, admin token, upstreams and the
         admission, queue and retry settings take effect at once (a removed upstream is
         drained: its in-flight requests finish); queued and in-flight requests keep their
-        places. ``preset``, ``access_log``, adding or removing ``pool``, and shared (Redis)
-        budgets need a restart (reported in ``needs_restart``)."""
+        places. ``preset``, ``access_log``, ``autoscaler``, adding or removing ``pool``, and
+        shared (Redis) budgets need a restart (reported in ``needs_restart``)."""
         refused = self._admin(request)
         if refused is not None:
             return refused
@@ -148,12 +148,16 @@ class AdminAPI:
                 )  # fmt: skip
                 added.append(url)
         restart = [
-            name for name in ("preset", "access_log") if getattr(old, name) != getattr(new, name)
+            name
+            for name in ("preset", "access_log", "autoscaler")
+            if getattr(old, name) != getattr(new, name)
         ]
         if (old.pool is None) != (new.pool is None):
             restart.append("pool")
         if self.shared is not None and old.admission_config() != new.admission_config():
             restart.append("shared tenant budgets")
+        if ctl.desired is not None and ctl.desired.pools_of(new) != ctl.desired.pools_of(old):
+            restart.append("autoscaler pools")
         self.config = new
         ctl.reconfigure(new)
         self.deadlines = DeadlinePolicy(

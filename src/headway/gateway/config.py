@@ -15,6 +15,7 @@ import msgspec
 
 from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionConfig, TenantLimits
+from headway.core.policy.autoscaler import AutoscalerConfig
 from headway.core.policy.budgets import share_budgets
 from headway.core.policy.fallback import FallbackConfig
 from headway.core.policy.queues import BANDS, QueueConfig
@@ -320,6 +321,12 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     cache_salt_key: str | None = None
     """The HMAC key of the tenants' cache salts. None: a random key per process (salts, and
     so cache hits across a restart or between instances, change); set it to keep them."""
+
+    autoscaler: AutoscalerConfig | None = None
+    """Recommend a replica count per pool (a route's upstreams, or ``default``): the core
+    autoscaler (``kind: predictive`` combines the signals and forecasts offered load) on
+    the gateway's counters, exported as ``headway_gateway_desired_replicas{pool}`` for KEDA
+    or an HPA to act on (the gateway starts nothing). None: off."""
 
     def __post_init__(self) -> None:
         if not self.upstreams:

@@ -47,6 +47,7 @@ from headway.core.policy.releases import ReleaseChange
 from headway.core.policy.retries import RetryPolicy
 from headway.core.policy.speeds import ServiceSpeeds, SpeedPrior, prior_from_step_time
 from headway.gateway.config import GatewayFileConfig
+from headway.gateway.desired_replicas import DesiredReplicas
 
 __all__ = [
     "BudgetSeam",
@@ -131,6 +132,12 @@ class Controller:
         """Each lease's future, for as long as the lease lives (its handler holds it)."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        scaler = config.autoscaler
+        self.desired = (
+            None if scaler is None else DesiredReplicas(scaler, [u.route for u in config.upstreams])
+        )
+        """The desired replicas per pool (with ``autoscaler:``): fed here, evaluated by the
+        server's timer."""
 
     @staticmethod
     def _state(config: GatewayFileConfig, index: int) -> UpstreamState:
@@ -262,18 +269,25 @@ class Controller:
     ) -> Shed | Lease:
         """Decide on one request now: a shed, or a lease (dispatched or queued: await
         :meth:`ready`)."""
-        return self._track(self.core.offer(self.now(), request, revision, route))
+        now = self.now()
+        return self._track(now, request, route, self.core.offer(now, request, revision, route))
 
     def offer_on_route(
         self, request: AdmissionRequest, route: str | None, revision: str | None = None
     ) -> tuple[str | None, Shed | Lease]:
         """:meth:`offer` on the route the core sends a call for ``route`` to (its own or
         an allowed fallback): that route, and the decision."""
-        chosen, decision = self.core.offer_on_route(self.now(), request, route, revision)
-        return chosen, self._track(decision)
+        now = self.now()
+        chosen, decision = self.core.offer_on_route(now, request, route, revision)
+        return chosen, self._track(now, request, chosen, decision)
 
-    def _track(self, decision: Shed | Lease) -> Shed | Lease:
-        """A future for a lease (set at once when dispatched), and settle the others."""
+    def _track(
+        self, now: float, request: AdmissionRequest, route: str | None, decision: Shed | Lease
+    ) -> Shed | Lease:
+        """Count the offer for the desired replicas, make a future for a lease (set at
+        once when dispatched), and settle the others."""
+        if self.desired is not None:
+            self.desired.offered(now, request, route, decision)
         if isinstance(decision, Lease):
             future = asyncio.get_running_loop().create_future()
             if decision.upstream is not None:
@@ -327,6 +341,8 @@ class Controller:
         future = self._waiting.get(lease)
         if future is not None and not future.done():
             future.cancel()
+        if self.desired is not None:
+            self.desired.ended(self.now(), lease)
         self._settle()
 
     def pump(self) -> None:
@@ -344,6 +360,8 @@ class Controller:
     def _settle(self) -> None:
         """Deliver the core's settlements to their futures; arm the expiry timer."""
         for lease, outcome in self.core.outcomes():
+            if self.desired is not None and isinstance(outcome, UpstreamState):
+                self.desired.dispatched(self.now(), lease)
             future = self._waiting.get(lease)
             if future is not None and not future.done():
                 future.set_result(outcome)

@@ -48,7 +48,7 @@ from headway.gateway.pooled import PoolSource
 from headway.gateway.request_body import ClientError, bearer, tenant_of
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
 from headway.metrics_catalog import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from headway.metrics_catalog import Metrics, gateway_specs
+from headway.metrics_catalog import DESIRED_REPLICAS_METRIC, Metrics, gateway_specs
 
 if TYPE_CHECKING:
     from headway.gateway.shared import SharedBudgets
@@ -85,6 +85,7 @@ class GatewayServer(AdminAPI, Generation):
         self.runner: BoundaryRunner | None = None
         self.port = 0
         self.host = "127.0.0.1"
+        self._scaling: asyncio.Task[None] | None = None
         self.tracer = tracer()
         """Where ``gateway.request`` spans go (the global provider's; settable)."""
         self.access = AccessLog(config.access_log) if config.access_log else None
@@ -131,6 +132,8 @@ class GatewayServer(AdminAPI, Generation):
             await self.pool.start()
         if self.shared is not None:
             await self.shared.start()
+        if self.controller.desired is not None:
+            self._scaling = asyncio.get_running_loop().create_task(self._evaluate_replicas())
         site = web.TCPSite(self.runner, host, port, backlog=4096)
         await listen(site, host, port)
         server = site._server
@@ -154,8 +157,20 @@ class GatewayServer(AdminAPI, Generation):
             await asyncio.sleep(0.05)
         return True
 
+    async def _evaluate_replicas(self) -> None:
+        """Every evaluation interval, the desired replicas per pool (``autoscaler:``)."""
+        ctl = self.controller
+        desired = ctl.desired
+        assert desired is not None
+        while True:
+            desired.evaluate(ctl.now(), ctl.source.upstreams())
+            await asyncio.sleep(desired.config.evaluation_interval_s)
+
     async def stop(self) -> None:
         """Stop listening, finish in flight (up to the shutdown timeout), close sessions."""
+        if self._scaling is not None:
+            self._scaling.cancel()
+            self._scaling = None
         if self.runner is not None:
             await self.runner.cleanup()
         if self.pool is not None:
@@ -173,7 +188,11 @@ class GatewayServer(AdminAPI, Generation):
         """This gateway's registry (:mod:`headway.metrics_catalog`) and its readers."""
         shared = self.shared
         metrics = self.metrics = Metrics(
-            gateway_specs(pool=self.pool is not None, shared_budgets=shared is not None)
+            gateway_specs(
+                pool=self.pool is not None,
+                shared_budgets=shared is not None,
+                autoscaler=self.controller.desired is not None,
+            )
         )
         self.m_offered = metrics.counter_series("headway_gateway_requests_offered_total")
         self.m_admitted = metrics.counter_series("headway_gateway_admissions_total")
@@ -240,6 +259,10 @@ class GatewayServer(AdminAPI, Generation):
                   lambda: 1.0 if shared.healthy else 0.0)  # fmt: skip
             value("headway_gateway_shared_budgets_round_trips",
                   lambda: float(shared.round_trips))  # fmt: skip
+        desired = ctl.desired
+        if desired is not None:
+            read(DESIRED_REPLICAS_METRIC,
+                 lambda: [((p,), float(n)) for p, n in desired.desired().items()])  # fmt: skip
         if self.pool is None:
             read("headway_gateway_upstream_ready", ready)
         else:

@@ -153,6 +153,8 @@ class ClientBehaviour(GatewayOffers):
         """Call ``j`` is offered for the first time: it is in flight, its client counts
         one original request against the retry budget, and its patience starts."""
         self._arrival_s[j] = now
+        if self.autoscaler is not None:
+            self._window_offered += self._call_in[j] + self._call_out[j]
         self._outcome[j] = IN_FLIGHT
         self._live_calls += 1
         if self._count_requests:

@@ -54,6 +54,7 @@ class FleetChanges(DisaggregatedHandoff):
         self._window_wait_s = 0.0
         self._window_admitted = 0
         self._window_tokens = 0
+        self._window_offered = 0
         self._window_finished = 0
         self._window_missed = 0
 
@@ -174,8 +175,11 @@ class FleetChanges(DisaggregatedHandoff):
             deadline_miss_ratio=(
                 self._window_missed / self._window_finished if self._window_finished else 0.0
             ),
+            offered_tokens_per_s=self._window_offered / interval_s,
+            active_sequences=float(sum(d.model.scheduler.num_running for d in ready)),
         )
         self._window_wait_s, self._window_admitted, self._window_tokens = 0.0, 0, 0
+        self._window_offered = 0
         self._window_finished = self._window_missed = 0
         decision = scaler.decide(now, signals)
         if isinstance(decision, ScaleUp):

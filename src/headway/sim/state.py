@@ -143,6 +143,8 @@ class SimState:
     _window_wait_s: float
     _window_admitted: int
     _window_tokens: int
+    _window_offered: int
+    """Tokens (prompt + output) of the calls first offered since the last evaluation."""
     _window_finished: int
     _window_missed: int
     """Calls completed, and of them past their class's ``e2e_s``, since the last

@@ -7,6 +7,7 @@ import ast
 import inspect
 import itertools
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,7 @@ from headway.core.policy.autoscaler import (
     AutoscalerConfig,
     AutoscalerSignals,
     Hold,
+    PredictiveConfig,
     ScaleDown,
     ScaleUp,
 )
@@ -245,3 +247,178 @@ def test_every_config_field_is_in_the_policy_doc() -> None:
     )
     missing = [f for f in AutoscalerConfig.__struct_fields__ if f"| `{f}` |" not in doc]
     assert not missing, f"docs/overload-policies.md lacks AutoscalerConfig fields {missing}"
+
+
+# ---------------------------------------------------------------- kind: predictive
+
+
+def _fluid(
+    config: AutoscalerConfig, load: Callable[[float], float], until_s: float, capacity: float
+) -> list[tuple[float, ScaleUp | ScaleDown, float]]:
+    """A fluid pool driven by ``config``: each replica carries ``capacity`` tokens/s; past
+    it, requests queue (5 s of queue delay) and KV fills. (time, decision, load) of every
+    scaling decision."""
+    scaler = Autoscaler(config)
+    ready, starting = config.min_replicas, []
+    decisions: list[tuple[float, ScaleUp | ScaleDown, float]] = []
+    now = 0.0
+    while now <= until_s:
+        ready += sum(1 for t in starting if t <= now)
+        starting = [t for t in starting if t > now]
+        offered = load(now)
+        util = offered / (ready * capacity)
+        signals = AutoscalerSignals(
+            ready_replicas=ready,
+            starting_replicas=len(starting),
+            queue_delay_s=5.0 if util > 1 else 0.0,
+            admitted_tokens_per_s=min(offered, ready * capacity),
+            kv_occupancy=0.8 * min(1.0, util),
+            deadline_miss_ratio=0.3 if util > 1 else 0.0,
+            offered_tokens_per_s=offered,
+        )
+        decision = scaler.decide(now, signals)
+        if isinstance(decision, ScaleUp):
+            starting += [decision.ready_at_s] * decision.count
+            decisions.append((now, decision, offered))
+        elif isinstance(decision, ScaleDown):
+            ready -= decision.count
+            decisions.append((now, decision, offered))
+        now += config.evaluation_interval_s
+    return decisions
+
+
+def _direction_changes(decisions: list[tuple[float, ScaleUp | ScaleDown, float]]) -> int:
+    ups = [isinstance(d, ScaleUp) for _, d, _ in decisions]
+    return sum(1 for a, b in itertools.pairwise(ups) if a != b)
+
+
+def _timings(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "evaluation_interval_s": 15.0,
+        "detection_delay_s": 30.0,
+        "startup_delay_s": 120.0,
+        "scale_up_cooldown_s": 0.0,
+        "scale_down_cooldown_s": 120.0,
+        "min_replicas": 1,
+        "max_replicas": 12,
+    }
+    base.update(overrides)
+    return base
+
+
+def test_a_square_wave_does_not_flap_the_predictive_pool() -> None:
+    """180 s at 3.5 replicas' worth, 180 s at one, for two hours: HPA on the admitted
+    work scales down in every low phase and back up in every high one; the predictive
+    autoscaler holds the high phase's capacity through the low one (its peak hold is
+    start-up + cooldown, 240 s), so it changes direction at most once."""
+
+    def square(t: float) -> float:
+        return 3500.0 if (t // 180) % 2 == 0 else 1000.0
+
+    reactive = AutoscalerConfig(**_timings(), signal="admitted_tokens_per_replica", target=800.0)  # type: ignore[arg-type]
+    predictive = AutoscalerConfig(
+        **_timings(),  # type: ignore[arg-type]
+        kind="predictive",
+        predictive=PredictiveConfig(replica_tokens_per_s=1000.0),
+    )
+    flapping = _direction_changes(_fluid(reactive, square, 7200, 1000.0))
+    steady = _fluid(predictive, square, 7200, 1000.0)
+    assert flapping >= 20  # the wave is fast enough to flap HPA's rule
+    assert _direction_changes(steady) <= 1
+    assert steady and isinstance(steady[0][1], ScaleUp)
+
+
+def test_the_predictive_autoscaler_scales_a_ramp_before_it_saturates() -> None:
+    """A ramp of offered load, capacity declared, no warm term (start-up inside the
+    recovery objective): the forecast start-up ahead asks for a replica earlier, at a lower
+    load, than HPA on queue delay, which waits for the queue."""
+
+    def ramp(t: float) -> float:
+        return 500.0 + 4.0 * t
+
+    common = _timings(scale_down_cooldown_s=300.0)
+    predictive = AutoscalerConfig(
+        **common,  # type: ignore[arg-type]
+        kind="predictive",
+        predictive=PredictiveConfig(replica_tokens_per_s=1000.0, recovery_objective_s=600.0),
+    )
+    reactive = AutoscalerConfig(**common, signal="queue_delay_s", target=1.0)  # type: ignore[arg-type]
+    first_p = _fluid(predictive, ramp, 900, 1000.0)[0]
+    first_r = _fluid(reactive, ramp, 900, 1000.0)[0]
+    assert isinstance(first_p[1], ScaleUp) and isinstance(first_r[1], ScaleUp)
+    assert first_p[0] < first_r[0]
+    assert first_p[2] < first_r[2]
+    assert "forecast" in first_p[1].reason
+
+
+@pytest.mark.parametrize(("recovery_s", "shrinks"), [(60.0, False), (600.0, True)])
+def test_capacity_is_kept_warm_only_when_start_up_exceeds_the_recovery_objective(
+    recovery_s: float, shrinks: bool
+) -> None:
+    """Light load on four replicas, no capacity known: with a 120 s start-up past a 60 s
+    recovery objective nothing is removed; inside a 600 s one it scales down as HPA would."""
+    config = AutoscalerConfig(
+        **_timings(min_replicas=1),  # type: ignore[arg-type]
+        kind="predictive",
+        predictive=PredictiveConfig(recovery_objective_s=recovery_s),
+    )
+    scaler = Autoscaler(config)
+    ready, downs, last = 4, 0, Hold("")
+    for k in range(80):
+        last = scaler.decide(
+            15.0 * k,
+            AutoscalerSignals(
+                ready_replicas=ready,
+                queue_delay_s=0.01,
+                admitted_tokens_per_s=400.0,
+                kv_occupancy=0.05,
+                deadline_miss_ratio=0.0,
+                offered_tokens_per_s=400.0,
+            ),
+        )
+        if isinstance(last, ScaleDown):
+            ready -= last.count
+            downs += 1
+    assert (downs > 0) == shrinks
+    if not shrinks:
+        assert isinstance(last, Hold) and "kept warm" in last.reason
+
+
+def test_predictive_settings_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"autoscaler\.predictive\.warm_surge.*got 0"):
+        PredictiveConfig(warm_surge=0)
+    with pytest.raises(ConfigError, match=r"kv_occupancy_target.*got 1\.5"):
+        PredictiveConfig(kv_occupancy_target=1.5)
+    with pytest.raises(msgspec.ValidationError, match="kind"):
+        msgspec.convert({"kind": "oracle"}, AutoscalerConfig)
+
+
+def test_a_burst_that_has_passed_starts_no_replica() -> None:
+    """Capacity known (1,000 tokens/s a replica), start-up past the recovery objective:
+    after a burst of 5,000 tokens/s on 3 replicas the load is back to 1,500 while the
+    drained backlog still ends late (misses at 6× their target). The pool keeps what it
+    has (the warm floor, 1.5× the peak, only keeps replicas) and starts none: one would be
+    ready to serve a load the pool already carries."""
+    config = AutoscalerConfig(
+        **_timings(min_replicas=3, detection_delay_s=0.0),  # type: ignore[arg-type]
+        kind="predictive",
+        predictive=PredictiveConfig(replica_tokens_per_s=1000.0),
+    )
+    scaler = Autoscaler(config)
+    for k, (offered, misses) in enumerate([(5000.0, 0.3)] + [(1500.0, 0.3)] * 12):
+        decision = scaler.decide(
+            15.0 * k,
+            AutoscalerSignals(
+                ready_replicas=3,
+                starting_replicas=0 if k == 0 else 3,
+                queue_delay_s=0.0 if k else 5.0,
+                admitted_tokens_per_s=min(offered, 3000.0),
+                kv_occupancy=0.3,
+                deadline_miss_ratio=misses,
+                offered_tokens_per_s=offered,
+            ),
+        )
+        if k == 0:  # the burst itself: the forecast asks for more
+            assert isinstance(decision, ScaleUp)
+        else:
+            assert isinstance(decision, Hold), (k, decision)

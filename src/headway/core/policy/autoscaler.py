@@ -37,19 +37,51 @@ and rate limits mapped onto explicit fields::
    not below ``min_replicas``.
 
 What HPA does that this does not: per-pod metrics with missing-pod handling (a snapshot
-here is already aggregated), several metrics at once (one signal per autoscaler; run two
-and take the larger), and percentage-based rate policies (``max_step`` is a count).
+here is already aggregated), and percentage-based rate policies (``max_step`` is a count).
+
+``kind: predictive`` (seed 003: "combine queue delay, admitted token work, cache occupancy,
+active sequences, deadline misses, and load per replica"; seed 002: "predict short-horizon
+offered load") replaces step 3's one-signal ``desired`` and nothing else: the same
+breach, detection, stabilisation, cooldown and step rules then apply to it::
+
+    pressure   = max(value_i / target_i)           every measured signal of
+                                                   :class:`PredictiveConfig` (HPA's
+                                                   several-metrics rule: the largest)
+    capacity   = admitted tokens per ready replica while they are full (queue delay, KV
+                 occupancy or active sequences at target; deadline misses lag, so not
+                 them), smoothed; starting from replica_tokens_per_s when declared
+    forecast   = Holt's damped trend of offered tokens/s (:mod:`.load_forecast`),
+                 startup_delay_s ahead: the load when a replica started now serves
+    peak       = the largest offered load measured over the last peak_hold_s
+    ahead      = forecast / capacity, or ready × pressure if larger while the forecast
+                 is still above what the ready replicas carry
+    floor      = peak / capacity, × warm_surge if startup_delay_s > recovery_objective_s
+    need       = ahead                       if ahead > current (the forecast adds)
+                 min(current, max(ahead, floor))   else (the floor only keeps)
+    desired    = ceil(need); ratio = need / current (for the tolerance band)
+
+Before any capacity is known: ``need = ready × pressure`` (HPA's rule on the combined
+signals), and with a start-up longer than the recovery objective no scale-down at all:
+the predictive autoscaler does not remove a replica it could not bring back in time and
+whose load it cannot measure (seed 003: "keep warm capacity when model loading and
+compilation take longer than the service's recovery objective"). Sizing a scale-down for
+the peak of the last ``peak_hold_s`` (default: start-up plus the scale-down cooldown) is
+what keeps a load that comes and goes faster than a replica starts from flapping the
+pool: the capacity stays for the next high phase. The floor never starts a replica: once
+a burst has gone, a replica that would be ready for it arrives to no work.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 import msgspec
 
 from headway.core.policy._checks import require
+from headway.core.policy.load_forecast import HoltForecast
 
 __all__ = [
     "SIGNALS",
@@ -57,6 +89,7 @@ __all__ = [
     "AutoscalerConfig",
     "AutoscalerSignals",
     "Hold",
+    "PredictiveConfig",
     "ScaleDecision",
     "ScaleDown",
     "ScaleUp",
@@ -76,8 +109,95 @@ SIGNALS: tuple[Signal, ...] = (
 )
 
 
+class PredictiveConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The signals' targets and the forecast of ``kind: predictive`` (module docstring)."""
+
+    queue_delay_target_s: float = 1.0
+    """Comfortable queue delay of admitted requests, seconds."""
+
+    kv_occupancy_target: float = 0.8
+    """Comfortable fraction of KV blocks in use (mean over ready replicas)."""
+
+    deadline_miss_target: float = 0.05
+    """Tolerated fraction of recent requests that missed their deadline."""
+
+    active_sequences_target: float | None = None
+    """Comfortable running sequences per ready replica (None: not a signal)."""
+
+    replica_tokens_per_s: float | None = None
+    """Tokens per second (prompt + output) one replica carries inside its SLO, e.g. from
+    ``headway plan``; also the target of admitted tokens per replica. It is the starting
+    value, refined by what full replicas admit. None: unknown until replicas are full."""
+
+    alpha: float = 0.5
+    """Holt's level smoothing, per evaluation: half the weight on the newest sample."""
+
+    beta: float = 0.3
+    """Holt's slope smoothing: a ramp is believed after two or three evaluations."""
+
+    damping: float = 0.9
+    """Holt's trend damping per evaluation: a slope is carried at most 9 evaluations'
+    worth (``φ / (1 − φ)``), 135 s at HPA's 15 s (about the default start-up), however
+    long the start-up."""
+
+    recovery_objective_s: float = 60.0
+    """How long the service may run short of capacity after a surge. When
+    ``startup_delay_s`` is longer, scaling up cannot meet it, so capacity is kept warm."""
+
+    warm_surge: float = 1.5
+    """With start-up past the recovery objective, keep capacity for this multiple of the
+    recent peak load (the surge the pool must absorb before a new replica is ready)."""
+
+    peak_hold_s: float | None = None
+    """Scale-down sizes for the peak of this many seconds; None: ``startup_delay_s +
+    scale_down_cooldown_s`` (capacity removed now would be back no sooner)."""
+
+    def __post_init__(self) -> None:
+        for name in ("queue_delay_target_s", "warm_surge"):
+            value = getattr(self, name)
+            require(
+                math.isfinite(value) and value > 0,
+                "autoscaler.predictive",
+                name,
+                value,
+                "use a number > 0",
+            )
+        for name in ("kv_occupancy_target", "deadline_miss_target", "alpha", "beta", "damping"):
+            value = getattr(self, name)
+            require(
+                math.isfinite(value) and 0 < value <= 1,
+                "autoscaler.predictive",
+                name,
+                value,
+                "use a fraction in (0, 1]",
+            )
+        for name in ("active_sequences_target", "replica_tokens_per_s", "peak_hold_s"):
+            value = getattr(self, name)
+            require(
+                value is None or (math.isfinite(value) and value > 0),
+                "autoscaler.predictive",
+                name,
+                value,
+                "use a number > 0, or leave it out",
+            )
+        require(
+            math.isfinite(self.recovery_objective_s) and self.recovery_objective_s >= 0,
+            "autoscaler.predictive",
+            "recovery_objective_s",
+            self.recovery_objective_s,
+            "use seconds >= 0",
+        )
+
+
 class AutoscalerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """When and how much to scale (the rule is in the module docstring)."""
+
+    kind: Literal["reactive", "predictive"] = "reactive"
+    """``reactive``: HPA's rule on ``signal``; ``predictive``: the same rule on the
+    combined signals and the offered-load forecast of ``predictive``."""
+
+    predictive: PredictiveConfig = msgspec.field(default_factory=PredictiveConfig)
+    """Targets and forecast settings of ``kind: predictive`` (unused when reactive)."""
 
     signal: Signal = "queue_delay_s"
     """The signal: ``queue_delay_s`` (how long admitted requests wait before dispatch),
@@ -127,6 +247,13 @@ class AutoscalerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Replicas removed by one scale-down at most."""
 
     def __post_init__(self) -> None:
+        require(
+            self.kind in ("reactive", "predictive"),
+            "autoscaler",
+            "kind",
+            self.kind,
+            "use reactive or predictive",
+        )
         require(
             self.signal in SIGNALS,
             "autoscaler",
@@ -225,13 +352,27 @@ class AutoscalerSignals:
     deadline_miss_ratio: float | None = None
     """Fraction of recent requests that missed their deadline (or were shed for it)."""
 
+    offered_tokens_per_s: float | None = None
+    """Tokens (prompt + expected output) of the requests that arrived per second over the
+    window, admitted or not: the offered load the predictive autoscaler forecasts."""
+
+    active_sequences: float | None = None
+    """Sequences running now, all ready replicas together."""
+
     def __post_init__(self) -> None:
         if self.ready_replicas < 0 or self.starting_replicas < 0:
             raise ValueError(
                 f"replica counts must be >= 0 (got ready {self.ready_replicas}, "
                 f"starting {self.starting_replicas})"
             )
-        names = ("queue_delay_s", "admitted_tokens_per_s", "kv_occupancy", "deadline_miss_ratio")
+        names = (
+            "queue_delay_s",
+            "admitted_tokens_per_s",
+            "kv_occupancy",
+            "deadline_miss_ratio",
+            "offered_tokens_per_s",
+            "active_sequences",
+        )
         for name in names:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -294,6 +435,12 @@ class Autoscaler:
         self._recommended = 0
         self._last_up_s: float | None = None
         self._last_scale_s: float | None = None
+        p = self.config.predictive
+        self.forecast = HoltForecast(p.alpha, p.beta, p.damping)
+        """The offered-load forecast (``kind: predictive``; one sample per evaluation)."""
+        self.capacity_tokens_per_s: float | None = p.replica_tokens_per_s
+        """Tokens per second one replica carries: declared, or learned while saturated."""
+        self._peaks: deque[tuple[float, float]] = deque()
 
     def signal_value(self, signals: AutoscalerSignals) -> float | None:
         """The configured signal's value in ``signals`` (per replica where it says so)."""
@@ -339,22 +486,20 @@ class Autoscaler:
             return Hold(f"next evaluation at {self.next_evaluation_s:.3f} s")
         self.next_evaluation_s = now + cfg.evaluation_interval_s
 
-        value = self.signal_value(signals)
-        if value is None or signals.ready_replicas == 0:
+        sized = self._predict(now, signals) if cfg.kind == "predictive" else self._react(signals)
+        if isinstance(sized, Hold):
             self._reset_breach()
-            return Hold(f"{cfg.signal} not measured, or no replica ready")
-        ratio = value / cfg.target
-        desired = math.ceil(signals.ready_replicas * ratio)
+            return sized
+        ratio, desired, why, may_shrink = sized
         direction: Literal["up", "down"] | None = None
         if ratio > 1 + cfg.tolerance and desired > current:
             direction = "up"
-        elif ratio < 1 - cfg.tolerance and desired < current:
+        elif ratio < 1 - cfg.tolerance and desired < current and may_shrink:
             direction = "down"
         if direction is None:
             self._reset_breach()
             return Hold(
-                f"{cfg.signal} {value:.4g} vs target {cfg.target:g} (ratio {ratio:.3f}); "
-                f"desired {desired}, current {current}: nothing to do"
+                f"{why} (ratio {ratio:.3f}); desired {desired}, current {current}: nothing to do"
             )
         if self._breach != direction:
             self._breach = direction
@@ -366,8 +511,8 @@ class Autoscaler:
             self._recommended = max(self._recommended, desired)
         lasted_s = now - self._breach_since_s
         what = (
-            f"{cfg.signal} {value:.4g} vs target {cfg.target:g} (ratio {ratio:.3f}) for "
-            f"{lasted_s:g} s; desired {self._recommended}, current {current}"
+            f"{why} (ratio {ratio:.3f}) for {lasted_s:g} s; desired {self._recommended}, "
+            f"current {current}"
         )
         if lasted_s < cfg.detection_delay_s:
             return Hold(f"{what}; not yet past detection_delay_s {cfg.detection_delay_s:g}")
@@ -375,6 +520,121 @@ class Autoscaler:
             self._scale_up(now, current, what)
             if direction == "up"
             else (self._scale_down(now, signals, current, what))
+        )
+
+    def _react(self, signals: AutoscalerSignals) -> tuple[float, int, str, bool] | Hold:
+        """HPA on one signal: (ratio, desired, what, may scale down), or Hold unmeasured."""
+        cfg = self.config
+        value = self.signal_value(signals)
+        if value is None or signals.ready_replicas == 0:
+            return Hold(f"{cfg.signal} not measured, or no replica ready")
+        ratio = value / cfg.target
+        desired = math.ceil(signals.ready_replicas * ratio)
+        return ratio, desired, f"{cfg.signal} {value:.4g} vs target {cfg.target:g}", True
+
+    def pressure(self, signals: AutoscalerSignals) -> tuple[float, str] | None:
+        """The largest ratio of a measured signal to its target, and its name; None when
+        no signal is measured or no replica is ready."""
+        p = self.config.predictive
+        ready = signals.ready_replicas
+        if ready == 0:
+            return None
+        ratios: list[tuple[float, str]] = []
+        if signals.queue_delay_s is not None:
+            ratios.append((signals.queue_delay_s / p.queue_delay_target_s, "queue_delay_s"))
+        if signals.kv_occupancy is not None:
+            ratios.append((signals.kv_occupancy / p.kv_occupancy_target, "kv_occupancy"))
+        if signals.deadline_miss_ratio is not None:
+            miss = signals.deadline_miss_ratio / p.deadline_miss_target
+            ratios.append((miss, "deadline_miss_ratio"))
+        if signals.active_sequences is not None and p.active_sequences_target is not None:
+            per = signals.active_sequences / ready / p.active_sequences_target
+            ratios.append((per, "active_sequences"))
+        if signals.admitted_tokens_per_s is not None and p.replica_tokens_per_s is not None:
+            per = signals.admitted_tokens_per_s / ready / p.replica_tokens_per_s
+            ratios.append((per, "admitted_tokens_per_replica"))
+        return max(ratios) if ratios else None
+
+    def _predict(
+        self, now: float, signals: AutoscalerSignals
+    ) -> tuple[float, int, str, bool] | Hold:
+        """The combined-signal, forecast rule of ``kind: predictive`` (module docstring)."""
+        cfg = self.config
+        p = cfg.predictive
+        ready = signals.ready_replicas
+        found = self.pressure(signals)
+        if found is None:
+            return Hold("no signal measured, or no replica ready")
+        pressure, worst = found
+        admitted = signals.admitted_tokens_per_s
+        if self._full(signals) and admitted is not None:
+            measured = admitted / ready  # a full replica admits what it can carry
+            known = self.capacity_tokens_per_s
+            self.capacity_tokens_per_s = (
+                measured if known is None else known + p.alpha * (measured - known)
+            )
+        load = signals.offered_tokens_per_s
+        if load is None:
+            load = admitted
+        forecast = None
+        if load is not None:
+            self.forecast.observe(load)
+            forecast = self.forecast.forecast(cfg.startup_delay_s / cfg.evaluation_interval_s)
+        hold_s = p.peak_hold_s
+        if hold_s is None:
+            hold_s = cfg.startup_delay_s + cfg.scale_down_cooldown_s
+        peaks = self._peaks
+        if load is not None:  # seen, not forecast: a forecast's overshoot is not held
+            peaks.append((now, load))
+        while peaks and peaks[0][0] < now - hold_s:
+            peaks.popleft()
+        peak = max((v for _, v in peaks), default=0.0)
+        warm = cfg.startup_delay_s > p.recovery_objective_s
+        capacity = self.capacity_tokens_per_s
+        current = signals.current_replicas
+        why = f"{worst} at {pressure:.3f}× its target"
+        if capacity is None or forecast is None:
+            # No load model yet: HPA's rule on the pressure; kept warm, it only grows.
+            need = ready * pressure
+            may_shrink = not warm
+            if warm:
+                why += (
+                    f"; no replica capacity known and start-up {cfg.startup_delay_s:g} s "
+                    f"exceeds the recovery objective {p.recovery_objective_s:g} s: capacity "
+                    "kept warm"
+                )
+        else:
+            ahead = forecast / capacity
+            if pressure > 1 and forecast > ready * capacity:
+                ahead = max(ahead, ready * pressure)  # still overloaded when it is ready
+            floor = (p.warm_surge if warm else 1.0) * peak / capacity
+            # The forecast adds replicas; the floor only keeps them (it never adds one: a
+            # burst's peak is no reason to start a replica once its load has gone).
+            need = ahead if ahead > current else min(float(current), max(ahead, floor))
+            may_shrink = True
+            why += (
+                f", offered {load:.4g} tokens/s forecast {forecast:.4g} in "
+                f"{cfg.startup_delay_s:g} s, peak {peak:.4g}, {capacity:.4g} per replica"
+            )
+            if warm:
+                why += f", {p.warm_surge:g}× the peak kept warm"
+        ratio = need / current if current else math.inf
+        return ratio, max(1, math.ceil(need)), why, may_shrink
+
+    def _full(self, signals: AutoscalerSignals) -> bool:
+        """A signal that is high while replicas are full now (queue delay, KV occupancy,
+        active sequences) is at its target: the admitted rate is what they carry. Deadline
+        misses lag (a drained backlog still ends late), so they do not count."""
+        p = self.config.predictive
+        ready = max(1, signals.ready_replicas)
+        return (
+            (signals.queue_delay_s is not None and signals.queue_delay_s >= p.queue_delay_target_s)
+            or (signals.kv_occupancy is not None and signals.kv_occupancy >= p.kv_occupancy_target)
+            or (
+                signals.active_sequences is not None
+                and p.active_sequences_target is not None
+                and signals.active_sequences / ready >= p.active_sequences_target
+            )
         )
 
     def _scale_up(self, now: float, current: int, what: str) -> ScaleDecision:

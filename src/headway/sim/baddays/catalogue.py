@@ -4,21 +4,23 @@ They are seed 002's list ("one provider or replica pool unavailable; cache cold 
 deploy; prompts twice normal length; retry storm from a downstream timeout; large tenant
 burst; autoscaler delayed; tool latency feeding back into agent concurrency"):
 
-==========================  ==============================================================
-``baseline``                nothing changed
-``replica-lost-prefill``    half the replicas (at least one, one survives) fail at a third
-                            of the run, at a step with prefill work
-``replica-lost-decode``     the same, at a decode-only step
-``cache-cold``              prefix caches flushed at the start and after a deploy mid-run
-``long-prompts``            every class's prompts twice as long
-``retry-storm``             steps 3× slower for a window; clients time out and retry with
-                            no retry budget
-``tenant-burst``            the largest tenant sends 5× its rate for a window
-``autoscaler``              the reference for ``autoscaler-delayed``: the cluster's
-                            autoscaler, or a default one, on time
-``autoscaler-delayed``      the same autoscaler, detecting and starting replicas 3× later
-``slow-tool``               tool calls (and downstream services) 5× slower
-==========================  ==============================================================
+============================  ============================================================
+``baseline``                  nothing changed
+``replica-lost-prefill``      half the replicas (at least one, one survives) fail at a third
+                              of the run, at a step with prefill work
+``replica-lost-decode``       the same, at a decode-only step
+``cache-cold``                prefix caches flushed at the start and after a deploy mid-run
+``long-prompts``              every class's prompts twice as long
+``retry-storm``               steps 3× slower for a window; clients time out and retry with
+                              no retry budget
+``tenant-burst``              the largest tenant sends 5× its rate for a window
+``autoscaler``                the reference for ``autoscaler-delayed``: the cluster's
+                              autoscaler, or a default one, on time
+``autoscaler-delayed``        the same autoscaler, detecting and starting replicas 3× later
+``burst-autoscaler-delayed``  the tenant's burst met by the late autoscaler (issue 20: the
+                              day the predictive autoscaler is measured on)
+``slow-tool``                 tool calls (and downstream services) 5× slower
+============================  ============================================================
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 
 from headway.core.errors import ConfigError
+from headway.core.workload.spec import WorkloadSpec
 from headway.sim.baddays.scenario import Scenario, compose
 from headway.sim.baddays.transforms import (
     autoscaler_delayed,
@@ -39,6 +42,13 @@ from headway.sim.baddays.transforms import (
     tenant_burst,
     unchanged,
 )
+from headway.sim.cluster import ClusterSpec
+
+
+def _burst_then_late(spec: WorkloadSpec, cluster: ClusterSpec) -> tuple[WorkloadSpec, ClusterSpec]:
+    """``burst-autoscaler-delayed``: ``tenant-burst``, then ``autoscaler-delayed``."""
+    return autoscaler_delayed(*tenant_burst(spec, cluster))
+
 
 _ALL: tuple[Scenario, ...] = (
     Scenario("baseline", "nothing changed", "Nothing.", unchanged),
@@ -104,6 +114,13 @@ _ALL: tuple[Scenario, ...] = (
         "The autoscaler of `autoscaler`, with `detection_delay_s` and `startup_delay_s` "
         "multiplied by 3.",
         autoscaler_delayed,
+    ),
+    Scenario(
+        "burst-autoscaler-delayed",
+        "the largest tenant bursting while the autoscaler is late",
+        "`tenant-burst`, then `autoscaler-delayed` (the same as "
+        "`tenant-burst+autoscaler-delayed`).",
+        _burst_then_late,
     ),
     Scenario(
         "slow-tool",

@@ -760,8 +760,9 @@ class GatewayCore:
     def expire(self, now: float) -> None:
         """End the queued requests whose deadline passed (EXPIRED, never sent)."""
         for lane in self._lanes.values():
-            if len(lane):
-                self._expire_lane(now, lane)
+            # Every lane, however short: entries past their deadline that a pop set
+            # aside no longer count in its length, and still wait to be ended here.
+            self._expire_lane(now, lane)
 
     def _expire_lane(self, now: float, lane: PriorityQueues[Lease]) -> None:
         gone_now = lane.expire(now)

@@ -219,3 +219,21 @@ def test_a_routes_strict_share_caps_it_and_keeps_the_rest_for_the_others() -> No
     running = [lease for lease in bulk if lease.upstream is not None and not lease.released]
     assert len(running) == 2 and sum(lease.queued for lease in bulk) == 2
     assert sum(lease.upstream is not None for lease in agent) == 6
+
+
+def test_a_lease_a_pop_set_aside_past_its_deadline_still_expires() -> None:
+    """A pop sets aside an entry past its deadline, and the line's length no longer
+    counts it; its expiry must still end it (a lane skipped for being empty never did,
+    and the simulator's timer fired at that deadline forever)."""
+    only = UpstreamState(url="only", slots=1)
+    core = _core(only)
+    running = _offer(core, 0.0)
+    request = AdmissionRequest(
+        tenant="acme", prompt_tokens=100, p95_output_tokens=10, deadline_s=1.0
+    )
+    waiting = core.offer(0.0, request)
+    assert isinstance(waiting, Lease) and waiting.queued
+    core.release(2.0, running, completed=True)  # the pop finds it past its deadline
+    (outcome,) = core.outcomes()
+    assert outcome[0] is waiting and not waiting.queued
+    assert core.queued_requests() == 0 and core.next_timer_s(2.0) is None

@@ -221,8 +221,6 @@ GATEWAY: tuple[MetricSpec, ...] = (
              "Times a release (an upstream revision) was routed back: its errors or latency "
              "spiked against another release's, so unpinned calls avoid it for a hold.",
              "revision"),
-    _gauge("headway_gateway_release_routed_back",
-           "1 while unpinned calls avoid the release (routed back).", "revision"),
     _counter("headway_gateway_completed_total",
              "Requests answered 2xx by an upstream, by tenant.", "tenant"),
     _counter("headway_gateway_goodput_requests_total",
@@ -257,6 +255,8 @@ GATEWAY: tuple[MetricSpec, ...] = (
            "answers)."),
     _gauge("headway_gateway_upstream_outstanding_requests",
            "Requests dispatched to each upstream.", "upstream"),
+    _gauge("headway_gateway_release_routed_back",
+           "1 while unpinned calls avoid the release (routed back).", "revision"),
 )  # fmt: skip
 """The gateway's metrics, with or without a pool."""
 

@@ -25,7 +25,7 @@ FAULT_FIGURES = {
     "longest_drain_s", "reload_failures", "reload_needs_restart",
     "serving_fingerprints_distinct", "upstreams_ready_after", "engine_kv_usage_after",
     "faulted_ttft_ratio", "faulted_share", "budget_sheds_after_return", "cancelled_unseen",
-    "ready_again_s",
+    "ready_again_s", "route_back_within_s", "errors_after_route_back",
 }  # fmt: skip
 """Figures measured beside :data:`FIGURES`: by fault actions and the runner's extras."""
 

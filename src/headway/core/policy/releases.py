@@ -163,6 +163,9 @@ class ReleaseGuard:
         if latency == latency:  # not NaN
             release.latency_sum_s += latency
             release.latencies += 1
+        if len(self._releases) < 2:  # one release: nothing to compare, only the window
+            self._forget(now, release)
+            return
         self._judge(now)
 
     def avoided(self, now: float) -> frozenset[str]:

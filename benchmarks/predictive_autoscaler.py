@@ -1,12 +1,13 @@
 """The predictive autoscaler against the reactive one on ``burst-autoscaler-delayed``
 (issue 20, deliverable 5, "must show").
 
-The workload is two tenants of unequal size (chat, an agent with tool calls, a lookup
-through a database service) scaled to ``--load``; the cluster is ``--replicas`` llama-3-8b
-replicas on H100 with the bad day's reference autoscaler (queue delay, target 1 s, between
-replicas − 1 and 2 × replicas, timings × min(1, duration / 600 s), detection and start-up
-then × 3), once ``kind: reactive`` and once ``kind: predictive`` with its defaults. It
-prints one JSON line: each one's SLO attainment and replica-hours.
+The workload (``examples/two-tenants.yaml``) is two tenants of unequal size (chat, an
+agent with tool calls, a lookup through a database service) scaled to ``--load``; the
+cluster is ``--replicas`` llama-3-8b replicas on H100 with the bad day's reference
+autoscaler (queue delay, target 1 s, between replicas − 1 and 2 × replicas, timings ×
+min(1, duration / 600 s), detection and start-up then × 3), once ``kind: reactive`` and
+once ``kind: predictive`` with its defaults. It prints one JSON line: each one's SLO
+attainment and replica-hours.
 
     PYTHONPATH=src python benchmarks/predictive_autoscaler.py --duration-s 600
 """
@@ -15,65 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from pathlib import Path
 
 import msgspec
 
-from headway.files.workload import parse_workload
+from headway.files.workload import load_workload
 from headway.sim.baddays import run_bad_days
 from headway.sim.baddays.transforms import reference_autoscaler
 from headway.sim.cluster import parse_cluster
 
 SCENARIO = "burst-autoscaler-delayed"
 
-WORKLOAD: dict[str, Any] = {
-    "name": "two-tenants",
-    "seed": 3,
-    "duration_s": 600,
-    "classes": {
-        "chat": {
-            "input_tokens": {"dist": "lognormal", "mean": 800, "cv": 0.5, "max": 4000},
-            "output_tokens": {"dist": "lognormal", "mean": 60, "cv": 0.5},
-            "slo": {"ttft_s": 2.0, "e2e_s": 8.0},
-        },
-        "agent": {
-            "calls": 2,
-            "tools_per_call": 1,
-            "tool_latency_s": 0.5,
-            "input_tokens": {"dist": "uniform", "low": 300, "high": 900},
-            "output_tokens": 40,
-            "slo": {"ttft_s": 3.0, "task_deadline_s": 30.0},
-        },
-        "lookup": {
-            "tools_per_call": 2,
-            "calls": 2,
-            "tool_service": "db",
-            "input_tokens": {"dist": "empirical", "values": [200, 400, 1200]},
-            "output_tokens": 20,
-        },
-    },
-    "services": {"db": {"servers": 4, "service_time_s": 0.05, "timeout_s": 1.0}},
-    "sources": [
-        {
-            "name": "users",
-            "arrivals": {"process": "poisson", "rate_per_s": 4},
-            "mix": {"chat": 0.7, "agent": 0.2, "lookup": 0.1},
-            "tenants": {"big": 0.75, "small": 0.25},
-        },
-        {
-            "name": "batch",
-            "arrivals": {"process": "constant", "rate_per_s": 1},
-            "mix": {"chat": 1.0},
-            "tenants": {"small": 1.0},
-        },
-    ],
-    "tenants": {"big": {"share": 0.5}, "small": {"share": 0.5}},
-}
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "two-tenants.yaml"
+"""The workload (the bad-day matrix's test workload, as an example file)."""
 
 
 def compare(duration_s: float, load: float, replicas: int) -> dict[str, float]:
     """Attainment and replica-hours of both kinds on the bad day."""
-    spec = msgspec.structs.replace(parse_workload(WORKLOAD), duration_s=duration_s)
+    spec = msgspec.structs.replace(load_workload(EXAMPLE).spec, duration_s=duration_s)
     base = parse_cluster({"replicas": replicas, "model": "llama-3-8b", "gpu": "h100"})
     out: dict[str, float] = {}
     for kind in ("reactive", "predictive"):

@@ -95,6 +95,14 @@ def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
         ReleaseGuardConfig(**{field: value})
 
 
+def _guarded_core(ups: list[UpstreamState]) -> GatewayCore:
+    settings = CoreSettings(
+        admission=AdmissionConfig(), queues=QueueConfig(critical_reserved_slots=0),
+        tenant_slot_headroom=None, release_guard=CONFIG,
+    )  # fmt: skip
+    return GatewayCore(settings, StaticUpstreams(ups))
+
+
 def _offer(core: GatewayCore, now: float, revision: str | None = None) -> Lease:
     request = AdmissionRequest(tenant="acme", prompt_tokens=100, p95_output_tokens=10)
     lease = core.offer(now, request, revision)
@@ -111,11 +119,7 @@ def test_the_core_sends_unpinned_calls_to_the_good_release_only() -> None:
         UpstreamState(url="b", revision="r1", slots=2),
         UpstreamState(url="c", revision="r2", slots=2),
     ]
-    settings = CoreSettings(
-        admission=AdmissionConfig(), queues=QueueConfig(critical_reserved_slots=0),
-        tenant_slot_headroom=None, release_guard=CONFIG,
-    )  # fmt: skip
-    core = GatewayCore(settings, StaticUpstreams(ups))
+    core = _guarded_core(ups)
     now, changes = 0.0, []
     for i in range(12):
         core.observe_attempt(now, ups[i % 2], error=False, first_byte_s=0.1)
@@ -140,11 +144,7 @@ def test_with_only_the_bad_release_ready_calls_still_go_there() -> None:
         UpstreamState(url="a", revision="r1", slots=2),
         UpstreamState(url="c", revision="r2", slots=2),
     ]
-    settings = CoreSettings(
-        admission=AdmissionConfig(), queues=QueueConfig(critical_reserved_slots=0),
-        tenant_slot_headroom=None, release_guard=CONFIG,
-    )  # fmt: skip
-    core = GatewayCore(settings, StaticUpstreams(ups))
+    core = _guarded_core(ups)
     for i in range(12):
         core.observe_attempt(0.05 * i, ups[0], error=False, first_byte_s=0.1)
         core.observe_attempt(0.05 * i, ups[1], error=True, first_byte_s=None)

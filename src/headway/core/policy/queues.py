@@ -56,7 +56,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
 
@@ -320,6 +320,42 @@ class QueueStatistics:
         if rate <= 0:
             return None
         return queued / rate
+
+
+K = TypeVar("K")
+
+
+class _OnRead(Mapping[K, "QueueStatistics"]):
+    """Statistics per key, each computed when first read (admission reads one band and
+    one tenant of an offer's snapshot; computing every band's and tenant's windowed
+    rates for each offer was a third of its cost). Read it before the queues change."""
+
+    __slots__ = ("_compute", "_done", "_keys")
+
+    def __init__(self, keys: Iterable[K], compute: Callable[[K], QueueStatistics]) -> None:
+        self._keys = dict.fromkeys(keys)
+        self._compute = compute
+        self._done: dict[K, QueueStatistics] = {}
+
+    def __getitem__(self, key: K) -> QueueStatistics:
+        got = self._done.get(key)
+        if got is None:
+            if key not in self._keys:
+                raise KeyError(key)
+            got = self._done[key] = self._compute(key)
+        return got
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -891,12 +927,13 @@ class PriorityQueues(Generic[T]):
         )
 
     def statistics(self, now: float) -> QueuesStatistics:
-        """Every band and every tenant seen so far, at ``now``."""
+        """Every band and every tenant seen so far, at ``now`` (each computed when first
+        read: read them before the queues change)."""
         self._touch(now)
         self._collect_expired(now)
         return QueuesStatistics(
-            bands={b: self._band_statistics(now, b) for b in BANDS},
-            tenants={t: self._tenant_statistics(now, t) for t in self._tenant_meters},
+            bands=_OnRead(BANDS, lambda b: self._band_statistics(now, b)),
+            tenants=_OnRead(self._tenant_meters, lambda t: self._tenant_statistics(now, t)),
             pushed=self._pushed,
             rejected=self._rejected,
             dispatched=self._dispatched,

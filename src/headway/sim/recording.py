@@ -314,7 +314,9 @@ class Recording(SimState):
         steps = cast("tuple[tuple[int, tuple[int, ...]], ...]", run.block_steps)
         sums = run.block_starts_s(self._block_size)
         inside, outside = run.end_s <= window_s, run.start_s >= window_s
-        for (k, ids), (count, starts_s) in zip(steps, sums, strict=True):
+        for e in range(len(steps)):  # indexed, not zipped: compiled, a zip is generic
+            k, ids = steps[e]
+            count, starts_s = sums[e]
             if inside:
                 given, inside_s = count, count * window_s - starts_s
             else:

@@ -4,6 +4,10 @@ Two drivers replay the same random workload (arrivals, aborts) against two repli
 calls ``step()`` every time, the other jumps with ``advance_decode_steps()`` whenever the
 replica says identical decode steps are safe (bounded by the next event). Every token's
 timestamp must agree to a relative 1e-9, and both replicas must end in the same state.
+
+So must every KV block's: a record of each request's blocks kept from what the steps
+(``allocated``, ``preempted_ids``) and the runs (``block_steps``) report, and nothing
+else, holds after every step what the request holds.
 """
 
 from __future__ import annotations
@@ -41,7 +45,17 @@ class Event:
 @dataclass
 class Trace:
     token_times: dict[str, list[float]] = field(default_factory=dict)
+    block_times: dict[str, list[float]] = field(default_factory=dict)
+    """Per request: when each of its blocks was given (a step's start), as reported."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Per live request: the blocks it holds, as the reports say."""
     skipped_steps: int = 0
+
+    def check_blocks(self, replica: ReplicaModel) -> None:
+        """The reports' count of every live request's blocks is the engine's."""
+        scheduler = replica.scheduler
+        for r in (*scheduler.running, *scheduler.waiting()):
+            assert self.held.get(str(r.request_id), 0) == len(r.block_ids), r
 
 
 def make_workload(
@@ -77,6 +91,7 @@ def replay(
             i += 1
             if event.kind == "abort":
                 replica.abort(event.request_id)
+                trace.held.pop(event.request_id, None)  # all given back at once
                 continue
             req = EngineRequest(
                 event.request_id,
@@ -87,6 +102,7 @@ def replay(
             )
             replica.add_request(req, now)
             trace.token_times[event.request_id] = []
+            trace.block_times[event.request_id] = []
         if skip:
             n = replica.max_identical_decode_steps()
             if n and i < len(events):
@@ -95,6 +111,18 @@ def replay(
                 run = replica.advance_decode_steps(now, n)
                 for rid in run.request_ids:
                     trace.token_times[rid].extend(run.step_end_s(k) for k in range(1, n + 1))
+                bs = config.block_size
+                sums = run.block_starts_s(bs)
+                for (k, ids), (count, starts_s) in zip(run.block_steps, sums, strict=True):
+                    starts = [run.step_end_s(x - 1) for x in range(k, n + 1, bs)]
+                    assert count == len(starts)
+                    assert starts_s == pytest.approx(sum(starts), rel=1e-12)
+                    for rid in ids:
+                        trace.block_times[str(rid)].extend(starts)
+                        trace.held[str(rid)] += len(starts)
+                for rid in run.finished_ids:
+                    del trace.held[str(rid)]
+                trace.check_blocks(replica)
                 trace.skipped_steps += n
                 now = run.end_s
                 replica.check_invariants()
@@ -102,6 +130,16 @@ def replay(
         result = replica.step(now)
         for rid, count in result.tokens.items():
             trace.token_times[rid].extend([result.end_s] * count)
+        for rid in result.preempted_ids:
+            trace.held[str(rid)] = 0
+        for rid, blocks in result.allocated.items():
+            given = blocks - trace.held.get(str(rid), 0)
+            assert given > 0, (rid, blocks)
+            trace.block_times[str(rid)].extend([now] * given)
+            trace.held[str(rid)] = blocks
+        for rid in result.finished_ids:
+            del trace.held[str(rid)]
+        trace.check_blocks(replica)
         now = result.end_s
     replica.check_invariants()
     return trace, replica
@@ -109,7 +147,7 @@ def replay(
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(("config", "num_blocks"), CONFIGS)
-def test_skipping_decode_runs_gives_the_same_token_times(
+def test_skipping_decode_runs_gives_the_same_token_and_block_times(
     config: SchedulerConfig, num_blocks: int, seed: int
 ) -> None:
     events, config = make_workload(seed, config, num_blocks)
@@ -119,6 +157,10 @@ def test_skipping_decode_runs_gives_the_same_token_times(
     assert stepped.token_times.keys() == skipped.token_times.keys()
     for rid, times in stepped.token_times.items():
         other = skipped.token_times[rid]
+        assert len(other) == len(times), rid
+        np.testing.assert_allclose(other, times, rtol=1e-9, atol=0.0, err_msg=rid)
+    for rid, times in stepped.block_times.items():
+        other = skipped.block_times[rid]
         assert len(other) == len(times), rid
         np.testing.assert_allclose(other, times, rtol=1e-9, atol=0.0, err_msg=rid)
     a, b = stepped_replica.snapshot(), skipped_replica.snapshot()

@@ -59,6 +59,7 @@ def plan_record(s: Scheduler) -> tuple[object, ...]:
         plan.preempted_ids,
         plan.admitted_ids,
         plan.batch,
+        dict(plan.allocated),
     )
 
 

@@ -129,6 +129,9 @@ class ClientBehaviour(GatewayOffers):
         self._shed_reason.extend([-1] * m)
         self._attempts.extend([0] * m)
         self._cached_prompt_tokens.extend([-1] * m)
+        self._kv_held.extend([0] * m)
+        self._kv_blocks.extend([0] * m)
+        self._kv_block_s.extend([0.0] * m)
 
     def _routed_attempt(self, j: int, now: float) -> int:
         """Count an attempt of call ``j`` (its first starts the call) and route it: the

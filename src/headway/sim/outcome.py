@@ -29,13 +29,17 @@ TIMED_OUT: Final = 5
 FAILED: Final = 6
 
 STAY_COLUMNS = ("enter_s", "leave_s", "admitted_s", "first_token_s", "prompt_tokens",
-                "output_tokens", "computed_tokens", "row", "aborted")  # fmt: skip
+                "output_tokens", "computed_tokens", "row", "aborted", "kv_blocks",
+                "kv_block_s")  # fmt: skip
 """The columns of :attr:`SimOutcome.replica_stays`, one row per stay of an engine request
 in an engine: when it entered and left, when it was first scheduled (its blocks
 allocated) and emitted its first token there, the prompt it held and the tokens it
 computed there, the tokens it processed there (prompt and output), its row (a call, or
-past the workload's calls a client's duplicate) and 1 when it was aborted (cancelled,
-lost with its replica) rather than finished."""
+past the workload's calls a client's duplicate), 1 when it was aborted (cancelled, lost
+with its replica) rather than finished, and its KV blocks as its engine gave them (chunk
+by chunk, a block per ``block_size`` tokens of output, again after a preemption): how
+many it was given and the block-seconds it held them, both inside the window the
+timeline samples (from 0 to its last sample)."""
 
 SHED_REASONS = tuple(r.value for r in ShedReason)
 """The shed reasons, in the order of the codes in ``CallRecords.shed_reason``."""

@@ -49,6 +49,10 @@ class Recording(SimState):
         self._dispatch_s = [nan] * n
         self._replica_enter_s = [nan] * n
         self._replica_stays = []
+        self._kv_held = [0] * n
+        self._kv_blocks = [0] * n
+        self._kv_block_s = [0.0] * n
+        self._kv_window_s = math.inf
         self._admitted_s = [nan] * n
         self._first_token_s = [nan] * n
         self._finish_s = [nan] * n
@@ -77,7 +81,15 @@ class Recording(SimState):
         """Row ``j``'s engine request left its engine at ``now``, finished (or its prefill
         handed on) or ``aborted`` (cancelled, lost with its replica), having held
         ``prompt_tokens``, generated ``output_tokens`` and processed ``computed_tokens``
-        (prompt and output) there: one row of :data:`~headway.sim.outcome.STAY_COLUMNS`."""
+        (prompt and output) there: one row of :data:`~headway.sim.outcome.STAY_COLUMNS`,
+        its blocks given back at ``now`` (a request that finished in a step held them to
+        its end, as a client sees it)."""
+        held, block_s = self._kv_held[j], self._kv_block_s[j]
+        if held and now < self._kv_window_s:
+            block_s -= held * (self._kv_window_s - now)
+        blocks = self._kv_blocks[j]
+        self._kv_held[j] = self._kv_blocks[j] = 0
+        self._kv_block_s[j] = 0.0
         enter = self._replica_enter_s[j]
         admitted = self._admitted_s[j]
         if admitted < enter:  # admitted in an earlier stay (a decode replica's: at entry)
@@ -88,6 +100,7 @@ class Recording(SimState):
         stay = (enter, now, admitted, first, float(prompt_tokens), float(output_tokens))
         self._replica_stays.extend(stay)
         self._replica_stays.extend((float(computed_tokens), float(j), float(aborted)))
+        self._replica_stays.extend((float(blocks), block_s))
 
     def _sim_outcome(self, now: float, num_events: int, loop_wall_s: float) -> SimOutcome:
         """The run's outcome at its end ``now``, after ``num_events`` events in
@@ -203,8 +216,22 @@ class Recording(SimState):
                     self._window_wait_s += result.start_s - self._arrival_s[j]
                     self._window_admitted += 1
                     self._window_tokens += self._call_in[j] + self._call_out[j]
+        # KV blocks: given at the step's start (a block-second for each second of the
+        # window left), all given back by a preemption then.
+        inside_s = self._kv_window_s - result.start_s
+        held, given_blocks, block_s = self._kv_held, self._kv_blocks, self._kv_block_s
+        if result.allocated:
+            for j, now_held in cast("dict[int, int]", result.allocated).items():
+                given = now_held - held[j]
+                held[j] = now_held
+                if inside_s > 0:
+                    given_blocks[j] += given
+                    block_s[j] += given * inside_s
         for j in cast("tuple[int, ...]", result.preempted_ids):
             self._num_preemptions[j] += 1
+            if inside_s > 0:
+                block_s[j] -= held[j] * inside_s
+            held[j] = 0
         last = self._last_token_s
         itl_max = self._itl_max_s
         # The same float object stored for every token (compiled, each store of a float
@@ -266,6 +293,8 @@ class Recording(SimState):
             last_out[j] = last_end_obj
         if count:
             self._count_itl(gap, count)
+        if run.block_steps:
+            self._record_run_blocks(run)
         if m > 1:
             # Gaps d_k for k = 2..m; chunk c covers k in [lo, hi).
             chunks = min(m - 1, 4)
@@ -275,6 +304,34 @@ class Recording(SimState):
                 mid_k = (lo + hi - 1) / 2
                 self._count_itl(base + per_kv * (kv + (mid_k - 1) * r), (hi - lo) * r)
                 lo = hi
+
+    def _record_run_blocks(self, run: DecodeRun) -> None:
+        """Record the KV blocks a decode run gave (``run.block_steps``: a block at the
+        start of step ``k`` and of every ``block_size``-th step after it, the same for
+        each request of an entry), their block-seconds inside the window summed in closed
+        form (step by step only for a run across the window's end, which the samples
+        split: none normally)."""
+        window_s = self._kv_window_s
+        held, given_blocks, block_s = self._kv_held, self._kv_blocks, self._kv_block_s
+        steps = cast("tuple[tuple[int, tuple[int, ...]], ...]", run.block_steps)
+        sums = run.block_starts_s(self._block_size)
+        inside, outside = run.end_s <= window_s, run.start_s >= window_s
+        for e in range(len(steps)):  # indexed, not zipped: compiled, a zip is generic
+            k, ids = steps[e]
+            count, starts_s = sums[e]
+            if inside:
+                given, inside_s = count, count * window_s - starts_s
+            else:
+                given, inside_s = 0, 0.0
+                for i in range(0 if outside else count):
+                    start_s = run.step_end_s(k - 1 + i * self._block_size)
+                    if start_s < window_s:
+                        given += 1
+                        inside_s += window_s - start_s
+            for j in ids:
+                held[j] += count
+                given_blocks[j] += given
+                block_s[j] += inside_s
 
     def _settle_output_tokens(self) -> None:
         """Fill in the output tokens of calls still live in a replica (none, normally).
@@ -324,7 +381,8 @@ class Recording(SimState):
                 finishing = cast("tuple[int, ...]", d.step_result.finished_ids)
             prefill_only = self._num_prefill > 0 and d.index < self._num_prefill
             for j in finishing:
-                tokens = self._call_in[j] + (1 if prefill_only else self._call_out[j])
+                # Its last step computed all its tokens but the last one emitted.
+                tokens = self._call_in[j] + (0 if prefill_only else self._call_out[j] - 1)
                 blocks += -(-tokens // block_size)
             running += d.model.num_running + len(finishing)
             waiting += d.model.num_waiting

@@ -27,7 +27,6 @@ from headway.core.metrics import (
     summarize,
     summarize_histogram,
     task_deadlines_s,
-    time_inside_s,
     tpot_s,
 )
 from headway.core.workload.compile import CompiledWorkload
@@ -675,34 +674,14 @@ def _sampled_window_s(out: SimOutcome) -> float:
 
 def _kv_little(out: SimOutcome, window_s: float) -> Little:
     """Little's law in block-seconds over ``[0, window_s]``: the sampled blocks held
-    against the block-seconds every stay in an engine implies inside the window (its
-    prompt's blocks from its admission to its leaving, plus its output's blocks growing
-    linearly from its first token there). Prefix sharing (a block held by several
-    requests is counted once by the pool), preemption (blocks given back while waiting)
-    and block rounding during the ramp make the two differ; the mismatch says by how
-    much."""
-    block = max(int(out.replica_block_size), 1)
+    against the block-seconds the stays in engines held, from their records of the blocks
+    their engine gave them (chunk by chunk, a block per ``block_size`` tokens of output,
+    all given back at a preemption or at their leaving), both inside the sampled window.
+    Prefix sharing (a block held by several requests is counted once by the pool) makes
+    the two differ; the mismatch says by how much."""
     stays = out.replica_stays
-    admitted = stays[:, 2]
-    held = np.isfinite(admitted)  # never scheduled: it held no block
-    stays, admitted = stays[held], admitted[held]
-    leave, first = stays[:, 1], stays[:, 3]
-    prompt_tokens, output_tokens = stays[:, 4], stays[:, 5]
-    prompt = np.ceil(prompt_tokens / block)
-    output = np.ceil((prompt_tokens + output_tokens) / block) - prompt
-    # ∫ output·(t − first)/(leave − first) dt over the part of [first, leave] inside.
-    low, high = np.maximum(first, 0.0), np.minimum(leave, window_s)
-    ramp_s = leave - first
-    safe_s = np.where(ramp_s > 0, ramp_s, 1.0)
-    grown_s = np.where(
-        (high > low) & (ramp_s > 0),
-        ((high - first) ** 2 - (low - first) ** 2) / (2.0 * safe_s),
-        0.0,
-    )
-    block_s = float((prompt * time_inside_s(admitted, leave, 0.0, window_s)).sum())
-    block_s += float((output * grown_s).sum())
-    entered = (admitted >= 0.0) & (admitted <= window_s)
-    blocks_entered = float((prompt + output)[entered].sum())
+    block_s = float(stays[:, 10].sum())
+    blocks_entered = float(stays[:, 9].sum())
     inside = out.timeline_s <= window_s
     mean_l = float(out.timeline_kv_blocks[inside].mean()) if inside.any() else math.nan
     check = LittleCheck(

@@ -158,6 +158,7 @@ class Simulator(TaskFlow):
         sample_s = sample_at[0] if num_samples else math.inf
         self._schedule_fleet_changes()
         self._horizon_s = horizon
+        self._kv_window_s = sample_at[-1] if sample_at else horizon
         self._timeline = []
         self._boundary_samples = []
         next_task = 0

@@ -74,6 +74,17 @@ class SimState:
     """Every stay of a request in an engine (attempts, duplicates and losing copies
     included), flat rows of :data:`~headway.sim.outcome.STAY_COLUMNS`: the records of the
     replica and KV boundaries' Little's-law checks."""
+    _kv_held: list[int]
+    """Per row: KV blocks its request holds in its engine now, as the engine's steps and
+    runs reported them (0 outside an engine, and from a preemption to its next step)."""
+    _kv_blocks: list[int]
+    """Per row: blocks given to it in its current stay before :attr:`_kv_window_s`."""
+    _kv_block_s: list[float]
+    """Per row: the block-seconds its current stay held inside ``[0, _kv_window_s]``:
+    each block given at ``t`` adds ``window - t``, each given back at ``t`` takes it
+    away again (``t`` past the window: nothing)."""
+    _kv_window_s: float
+    """The end of the window the timeline samples (its last sample; inf: none)."""
     _admitted_s: list[float]
     _first_token_s: list[float]
     _finish_s: list[float]

@@ -27,7 +27,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from headway.core.engine.scheduler import EngineRequest, RequestId, Scheduler, SchedulerConfig
+from headway.core.engine.scheduler import (
+    BlockSteps,
+    EngineRequest,
+    RequestId,
+    Scheduler,
+    SchedulerConfig,
+)
 from headway.core.engine.steptime import BatchShape, StepTimeModel
 from headway.core.pickling import reduce_by_fields
 
@@ -153,6 +159,12 @@ class StepResult:
     """Per request of ``admitted_ids``: prompt tokens found in the prefix cache at its
     first admission (empty when the plan did not say)."""
 
+    allocated: Mapping[RequestId, int] = field(hash=False, repr=False)
+    """Requests given KV blocks at ``start_s`` (prefill chunks, admissions, decode tokens
+    that start a block), each with the blocks it holds from then on (see
+    ``SchedulePlan.allocated``); ``preempted_ids`` gave all of theirs back then, and a
+    request that finishes in the step holds its blocks to ``end_s``, as a client sees it."""
+
     def __init__(
         self,
         *,
@@ -166,6 +178,7 @@ class StepResult:
         num_scheduled_tokens: Mapping[RequestId, int],
         batch: BatchShape,
         admitted_cached_tokens: tuple[int, ...] = (),
+        allocated: Mapping[RequestId, int] | None = None,
     ) -> None:
         self.start_s = start_s
         self.duration_s = duration_s
@@ -177,6 +190,7 @@ class StepResult:
         self.num_scheduled_tokens = num_scheduled_tokens
         self.batch = batch
         self.admitted_cached_tokens = admitted_cached_tokens
+        self.allocated = {} if allocated is None else allocated
 
     @property
     def is_empty(self) -> bool:
@@ -217,6 +231,10 @@ class DecodeRun:
     end_s: float
     """When the last step ended: ``step_end_s(num_steps)``, computed once."""
 
+    block_steps: BlockSteps
+    """The KV blocks the run gave, by step (see ``scheduler.BlockSteps``; the start of
+    step ``k`` is ``step_end_s(k - 1)``). Empty for a preview: only the applied run says."""
+
     def __init__(
         self,
         *,
@@ -227,6 +245,7 @@ class DecodeRun:
         base_s: float,
         per_kv_token_s: float,
         finished_ids: tuple[RequestId, ...],
+        block_steps: BlockSteps = (),
     ) -> None:
         self.start_s = start_s
         self.num_steps = num_steps
@@ -235,6 +254,7 @@ class DecodeRun:
         self.base_s = base_s
         self.per_kv_token_s = per_kv_token_s
         self.finished_ids = finished_ids
+        self.block_steps = block_steps
         self.end_s = start_s + decode_run_duration_s(
             num_steps, len(request_ids), kv_tokens_first_step, base_s, per_kv_token_s
         )
@@ -251,6 +271,27 @@ class DecodeRun:
         return self.start_s + decode_run_duration_s(
             k, self.num_seqs, self.kv_tokens_first_step, self.base_s, self.per_kv_token_s
         )
+
+    def block_starts_s(self, block_size: int) -> list[tuple[int, float]]:
+        """Per entry ``(k, ids)`` of :attr:`block_steps`: how many blocks each of its
+        requests took (in steps ``k``, ``k + block_size``, ... up to :attr:`num_steps`)
+        and the start times of those steps summed (step ``j`` starts when step ``j - 1``
+        ends), in closed form: the KV tokens are summed exactly in integers, as in
+        :func:`decode_run_duration_s`."""
+        m, kv_first, num_seqs = self.num_steps, self.kv_tokens_first_step, len(self.request_ids)
+        start_s, base_s, per_kv_s = self.start_s, self.base_s, self.per_kv_token_s
+        b = block_size
+        sums: list[tuple[int, float]] = []
+        for k, _ in self.block_steps:
+            # Step j starts T(j - 1) after the run's start: offsets a, a + b, ... (n of them)
+            n, a = (m - k) // b + 1, k - 1
+            pairs = n * (n - 1) // 2
+            sum_x = n * a + b * pairs
+            sum_x2 = n * a * a + 2 * a * b * pairs + b * b * (pairs * (2 * n - 1) // 3)
+            # T(x) = x base + per_kv (x KV + R x (x - 1) / 2), summed over the offsets
+            kv_total = kv_first * sum_x + num_seqs * ((sum_x2 - sum_x) // 2)
+            sums.append((n, n * start_s + base_s * sum_x + per_kv_s * kv_total))
+        return sums
 
     @property
     def duration_s(self) -> float:
@@ -434,6 +475,7 @@ class ReplicaModel:
             num_scheduled_tokens=plan.num_scheduled_tokens,
             batch=plan.batch,
             admitted_cached_tokens=plan.admitted_cached_tokens,
+            allocated=plan.allocated,
         )
 
     def max_identical_decode_steps(self) -> int:
@@ -518,6 +560,7 @@ class ReplicaModel:
             base_s=base_s,
             per_kv_token_s=per_kv_token_s,
             finished_ids=outcome.finished_ids,
+            block_steps=outcome.block_steps,
         )
         self._busy_until_s = run.end_s
         self._num_steps += num_steps

@@ -39,7 +39,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeAlias
 
 from headway.core.engine.config import SchedulerConfig
 from headway.core.engine.kv import BlockPool, unique_block_hash
@@ -56,6 +56,7 @@ from headway.core.errors import ConfigError
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "BlockSteps",
     "DecodeStepsOutcome",
     "EngineRequest",
     "RequestId",
@@ -68,6 +69,12 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- values
+
+BlockSteps: TypeAlias = tuple[tuple[int, tuple[RequestId, ...]], ...]
+"""The KV blocks a run of ``n`` identical decode steps gave, as ``(k, ids)`` pairs (``k``
+rising from 1 to at most ``block_size``): each request of ``ids`` took one block at the
+start of step ``k`` and of every ``block_size``-th step after it up to ``n`` (a decoding
+request takes a block when its next computed token starts one)."""
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)  # a value: see BatchShape
@@ -100,6 +107,13 @@ class SchedulePlan:
     that :meth:`Scheduler.update_after_step` need not look them up by id (empty for a
     plan built elsewhere: then it does)."""
 
+    allocated: Mapping[RequestId, int] = field(hash=False, repr=False)
+    """The requests given KV blocks in this step (a prefill chunk, the prefix hits and
+    external tokens of an admission, a decode token that starts a block), each with the
+    blocks it holds now: ``cdiv(num_computed_tokens, block_size)`` (empty for a plan built
+    elsewhere). With :attr:`preempted_ids` (blocks all freed), what a record of each
+    request's blocks over time needs, step by step."""
+
     def __init__(
         self,
         *,
@@ -109,6 +123,7 @@ class SchedulePlan:
         batch: BatchShape,
         requests: tuple[EngineRequest, ...] = (),
         admitted_cached_tokens: tuple[int, ...] = (),
+        allocated: Mapping[RequestId, int] | None = None,
     ) -> None:
         self.num_scheduled_tokens = num_scheduled_tokens
         self.preempted_ids = preempted_ids
@@ -116,6 +131,7 @@ class SchedulePlan:
         self.batch = batch
         self.requests = requests
         self.admitted_cached_tokens = admitted_cached_tokens
+        self.allocated = {} if allocated is None else allocated
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -163,6 +179,9 @@ class DecodeStepsOutcome:
     finished_ids: tuple[RequestId, ...]
     """Requests that emitted their last token in the last step."""
 
+    block_steps: BlockSteps
+    """The requests given KV blocks in the run: see :data:`BlockSteps`."""
+
     def __init__(
         self,
         *,
@@ -170,11 +189,13 @@ class DecodeStepsOutcome:
         request_ids: tuple[RequestId, ...],
         kv_tokens_first_step: int,
         finished_ids: tuple[RequestId, ...],
+        block_steps: BlockSteps = (),
     ) -> None:
         self.num_steps = num_steps
         self.request_ids = request_ids
         self.kv_tokens_first_step = kv_tokens_first_step
         self.finished_ids = finished_ids
+        self.block_steps = block_steps
 
     @property
     def num_seqs(self) -> int:
@@ -194,6 +215,7 @@ class _StepBuilder:
 
     __slots__ = (
         "admitted",
+        "allocated",
         "budget",
         "decode_kv",
         "lazy",
@@ -210,6 +232,7 @@ class _StepBuilder:
         self.scheduled: dict[EngineRequest, int] = {}
         self.preempted: list[EngineRequest] = []
         self.admitted: list[EngineRequest] = []
+        self.allocated: dict[RequestId, int] = {}
 
 
 _MIN_LAZY: Final = 8
@@ -295,6 +318,9 @@ class Scheduler:
         token (``max_output_tokens - _output``), each list in running order."""
         self._finish_keys: list[int] = []
         """A heap over ``_finish_due``'s keys (keys no longer there are dropped lazily)."""
+        self._allocated: dict[RequestId, int] = {}
+        """The blocks given in the step :meth:`schedule` is building (its plan's
+        ``allocated``), where :meth:`_allocate_running` adds to them."""
         self._pending: tuple[SchedulePlan, int, int] | None = None
         """``(plan, requests decoded, their KV tokens)`` of the last
         :meth:`schedule` when it decoded every running request lazily: its
@@ -418,6 +444,7 @@ class Scheduler:
     def schedule(self) -> SchedulePlan:
         """Decide the next step and apply its bookkeeping (see the module docstring)."""
         step = _StepBuilder(self._max_tokens)
+        self._allocated = step.allocated
         self._pending = None
         if not (self.decoding_pass and self._schedule_decoding(step)):
             self._schedule_running(step)
@@ -454,8 +481,11 @@ class Scheduler:
             due = self._block_due[-clock.computed % self._block_size]
             clock.computed += 1
             if due:
+                allocated = step.allocated
                 for r, block in zip(due, pool.take(len(due)), strict=True):
-                    r.block_ids.append(block)
+                    blocks = r.block_ids
+                    blocks.append(block)
+                    allocated[r.request_id] = len(blocks)
             step.num_decoded = len(running)
             step.lazy = True
             return True
@@ -475,8 +505,11 @@ class Scheduler:
                 else:
                     r._cached = computed // bs
         if needs_block:
+            allocated = step.allocated
             for r, block in zip(needs_block, pool.take(len(needs_block)), strict=True):
-                r.block_ids.append(block)
+                blocks = r.block_ids
+                blocks.append(block)
+                allocated[r.request_id] = len(blocks)
         for r in to_cache:
             self._cache_full_blocks(r, r.num_computed_tokens)
         step.num_decoded = len(running)
@@ -501,6 +534,7 @@ class Scheduler:
                 del self._running_ids[victim.request_id]
                 if victim in step.scheduled:  # priority policy only: undo its tokens
                     step.budget += step.scheduled.pop(victim)
+                    step.allocated.pop(victim.request_id, None)
                 if victim_index < i:
                     i -= 1
                 self._preempt(victim)
@@ -565,6 +599,7 @@ class Scheduler:
                 req.num_cached_prompt_tokens = len(hits) * bs
             self.num_prefix_queried_tokens += req.num_tokens
             self.num_prefix_hit_tokens += len(hits) * bs
+            step.allocated[req.request_id] = len(req.block_ids)
             step.scheduled[req] = num_new
             step.admitted.append(req)
             step.budget -= num_new
@@ -635,6 +670,7 @@ class Scheduler:
             # The decoding pass: the running set is the decoded requests, then the admitted.
             requests=tuple(self._running) if step.num_decoded else tuple(step.scheduled),
             admitted_cached_tokens=tuple([r.num_cached_prompt_tokens for r in step.admitted]),
+            allocated=step.allocated,
         )
 
     def update_after_step(self, plan: SchedulePlan) -> StepOutputs:
@@ -875,6 +911,7 @@ class Scheduler:
             if num_missing > self.pool.num_free:
                 return False
             blocks += self.pool.take(num_missing)
+            self._allocated[req.request_id] = len(blocks)
         if self._caching:
             num_known = req.num_prompt_tokens + req._output
             if num_known > num_slots:
@@ -1119,8 +1156,9 @@ class Scheduler:
                 kv_tokens += computed
                 if left < max_steps or max_steps < 0:
                     max_steps = left
+        block_steps: BlockSteps = ()
         if needs:
-            self._take_decode_blocks(needs, num_steps)
+            block_steps = self._take_decode_blocks(needs, num_steps)
         for r in to_cache:
             self._cache_full_blocks(r, r.num_computed_tokens)
         request_ids = tuple(self._running_ids)
@@ -1132,6 +1170,7 @@ class Scheduler:
             request_ids=request_ids,
             kv_tokens_first_step=kv_first,
             finished_ids=tuple([r.request_id for r in finished]),
+            block_steps=block_steps,
         )
 
     def _apply_lazily(self, num_steps: int, kv_first: int) -> DecodeStepsOutcome:
@@ -1145,6 +1184,7 @@ class Scheduler:
         num_full, rest = divmod(num_steps, bs)
         due = self._block_due
         order: list[EngineRequest] = []
+        block_steps: list[tuple[int, tuple[RequestId, ...]]] = []
         num_last = 0
         for offset in range(min(num_steps, bs)):
             if offset == rest:
@@ -1152,6 +1192,7 @@ class Scheduler:
             bucket = due[(-computed - offset) % bs]
             if bucket:
                 order += bucket
+                block_steps.append((offset + 1, tuple([r.request_id for r in bucket])))
         if not num_full:
             num_last = len(order)
         if order:
@@ -1172,9 +1213,10 @@ class Scheduler:
             request_ids=request_ids,
             kv_tokens_first_step=kv_first,
             finished_ids=tuple([r.request_id for r in finished]),
+            block_steps=tuple(block_steps),
         )
 
-    def _take_decode_blocks(self, needs: list[tuple[int, int]], num_steps: int) -> None:
+    def _take_decode_blocks(self, needs: list[tuple[int, int]], num_steps: int) -> BlockSteps:
         """Give the running requests of a decode run their new blocks, in stepping order.
 
         ``needs`` holds ``(offset, running index)`` of each request that needs a block
@@ -1182,13 +1224,24 @@ class Scheduler:
         full round of ``bs`` steps: every full round serves all of them, and the last,
         partial round those with ``offset < rest``, a prefix. Taken in that order, the
         blocks of the request at position ``q`` of the ``F``-long round are
-        ``taken[q], taken[q + F], ...``: one slice per request.
+        ``taken[q], taken[q + F], ...``: one slice per request. Returns them as
+        :data:`BlockSteps` (a request's first block in step ``offset + 1``).
         """
         needs.sort()
         running = self._running
         order = [running[index] for _, index in needs]
         num_full, rest = divmod(num_steps, self._block_size)
         self._give_decode_blocks(order, num_full, bisect_left(needs, (rest, -1)))
+        block_steps: list[tuple[int, tuple[RequestId, ...]]] = []
+        first = needs[0][0]
+        ids: list[RequestId] = []
+        for offset, index in needs:
+            if offset != first:
+                block_steps.append((first + 1, tuple(ids)))
+                first, ids = offset, []
+            ids.append(running[index].request_id)
+        block_steps.append((first + 1, tuple(ids)))
+        return tuple(block_steps)
 
     def _give_decode_blocks(self, order: list[EngineRequest], num_full: int, num_last: int) -> None:
         """Blocks for ``num_full`` full rounds of ``order`` and the first ``num_last`` of

@@ -70,6 +70,7 @@ def _generation(summary: str, body: dict[str, object]) -> dict[str, object]:
             ("429", "refused: a queue's or the tenant's limit (Retry-After)"),
             ("502", "the upstream failed and no retry was possible"),
             ("503", "refused: capacity, deadline, no upstream, draining (Retry-After)"),
+            ("504", "the request's deadline passed while an engine served it (cancelled there)"),
         )
     )
     return {

@@ -64,8 +64,10 @@ def _built(specs: tuple[MetricSpec, ...], fixed: dict[str, str] | None = None) -
 SERVERS = {
     "emulator": EMULATOR,
     **{
-        f"gateway pool={pool} shared={shared}": gateway_specs(pool=pool, shared_budgets=shared)
-        for pool, shared in itertools.product((False, True), repeat=2)
+        f"gateway pool={pool} shared={shared} receipts={receipts}": gateway_specs(
+            pool=pool, shared_budgets=shared, receipts=receipts
+        )
+        for pool, shared, receipts in itertools.product((False, True), repeat=3)
     },
 }
 
@@ -89,7 +91,7 @@ def test_exposition_has_exactly_the_declared_families(server: str) -> None:
 
 
 def test_counter_names_end_in_total_and_only_counters_do() -> None:
-    for spec in SERVERS["gateway pool=True shared=True"] + EMULATOR:
+    for spec in SERVERS["gateway pool=True shared=True receipts=True"] + EMULATOR:
         assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
     with pytest.raises(ValueError, match="_total"):
         MetricSpec("x_seconds", "counter", "X.")

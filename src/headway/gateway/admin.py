@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from headway.gateway.control import Controller
     from headway.gateway.pooled import PoolSource
+    from headway.gateway.receipts import ReceiptRunner
     from headway.gateway.shared import SharedBudgets
 
 __all__ = ["AdminAPI"]
@@ -42,6 +43,7 @@ class AdminAPI:
     controller: Controller
     pool: PoolSource | None
     shared: SharedBudgets | None
+    receipts: ReceiptRunner | None
     deadlines: DeadlinePolicy
 
     def _admin(self, request: web.Request) -> web.Response | None:
@@ -154,6 +156,10 @@ class AdminAPI:
             restart.append("pool")
         if self.shared is not None and old.admission_config() != new.admission_config():
             restart.append("shared tenant budgets")
+        if old.receipts != new.receipts:
+            restart.append("receipts")
+        if self.receipts is not None:
+            self.receipts.set_tenants(new)  # a receipt runs as its tenant's current key
         self.config = new
         ctl.reconfigure(new)
         self.deadlines = DeadlinePolicy(

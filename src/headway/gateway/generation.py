@@ -27,6 +27,7 @@ from headway.core.policy.deadlines import Deadline
 from headway.core.policy.decisions import Shed
 from headway.gateway.guards import MAX_BODY_BYTES, CacheSalts, salted_body, too_large_response
 from headway.gateway.ops import RequestRecord, finish, next_request_id
+from headway.gateway.receipts import ReceiptDesk
 from headway.gateway.relay import STREAM, UpstreamRelay
 from headway.gateway.request_body import DEADLINE_HEADER, ClientError, parse_request, with_model
 from headway.http_errors import deadline_exceeded
@@ -47,7 +48,7 @@ _OFFERED_AT: Final = web.RequestKey("offered_at", float)
 """When the request was offered (parsed, counted): its time in the system starts."""
 
 
-class Generation(UpstreamRelay):
+class Generation(UpstreamRelay, ReceiptDesk):
     """The generate routes (a mixin: the server sets these, and the relay's)."""
 
     salts: CacheSalts
@@ -147,7 +148,8 @@ class Generation(UpstreamRelay):
             self.m_fallbacks(route, chosen).inc()
             route = chosen
         if isinstance(got, Shed):
-            return self._shed_response(got, record)
+            deferred = await self._deferred_response(got, parsed, raw, path, record, request)
+            return deferred or self._shed_response(got, record)
         lease = got
         completion_tokens: int | None = None
         completed = False

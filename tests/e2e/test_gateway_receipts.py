@@ -1,7 +1,7 @@
 """Asynchronous receipts against a real gateway process and emulator: a deferrable
 request past its limits is answered 202 with a receipt; ``kill -9`` of the gateway while
-receipts run, a restart on the same store (the SQLite file, or Redis), and every receipt
-completes exactly once (submitted = completed, duplicates 0, from the store's run log);
+receipts run, a restart of two instances on the same store (the SQLite file, or Redis), and every
+receipt completes exactly once (submitted = completed, duplicates 0, from the store's run log);
 a tenant reads only its own receipts (404 for another's, as for an id never issued)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sqlite3
 import time
 import urllib.error
@@ -43,6 +44,13 @@ def _call(
         return error.code, dict(error.headers), json.loads(error.read())
 
 
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    return sum(float(v) for v in found)
+
+
 def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     end = time.monotonic() + timeout_s
     while not condition():
@@ -58,6 +66,7 @@ def _config(engine_url: str, path: Path) -> dict[str, Any]:
             OTHER: {"name": "other", "default_priority": "background"},
         },
         "slots_per_upstream": 4,
+        "metrics_public": True,
         # One background slot, no line: a second background call at once is shed.
         "queues": {"background": {"max_queued_requests": 0}, "background_max_share": 0.25},
         "receipts": {"deferrable": ["background"], "path": str(path), "lease_s": 1.0,
@@ -143,9 +152,10 @@ def test_kill_9_mid_run_then_restart_completes_every_receipt_exactly_once(
         try:
             receipts = _submit(url)
             assert len(receipts) >= SUBMITTED // 2, "most calls should have been deferred"
-            # Mid-run: some receipts finished, at least one is running right now.
-            _wait(lambda: bool(view.result_counts()) and view.states().get("running", 0) > 0,
-                  60, "a receipt running after one completed")  # fmt: skip
+            # Mid-run: some receipts finished, one is in the engine right now.
+            _wait(lambda: bool(view.result_counts()) and view.states().get("running", 0) > 0
+                  and _metric(engine.url, "vllm:num_requests_running") > 0,
+                  60, "a receipt in the engine after one completed")  # fmt: skip
             assert first.proc is not None
             first.proc.kill()  # kill -9: no drain, no claim given back
             first.proc.wait(10)
@@ -154,8 +164,10 @@ def test_kill_9_mid_run_then_restart_completes_every_receipt_exactly_once(
             first.stop()
         interrupted = view.states().get("running", 0)
         assert interrupted > 0, "the kill should have cut a run short"
-        second = GatewayProcess(config, args=args)
+        # Two instances on the store now: they compete for every claim.
+        second, third = GatewayProcess(config, args=args), GatewayProcess(config, args=args)
         url = second.start()
+        third.start()
         try:
             final: dict[str, Any] = {}
 
@@ -186,8 +198,15 @@ def test_kill_9_mid_run_then_restart_completes_every_receipt_exactly_once(
                 assert answer["object"] == "chat.completion"
             rerun = [r for r in receipts if final[r]["attempts"] >= 2]
             assert len(rerun) >= interrupted  # the cut-short runs ran again after the restart
+            served = [_metric(g.url, "headway_gateway_receipts_completed_total")
+                      for g in (second, third)]  # fmt: skip
+            assert sum(served) == len(receipts) - len(done_before)
+            reclaimed = sum(_metric(g.url, "headway_gateway_receipts_reclaimed_total")
+                            for g in (second, third))  # fmt: skip
+            assert reclaimed >= interrupted  # the killed claims lapsed and were taken over
         finally:
             second.stop()
+            third.stop()
 
 
 def test_a_tenant_reads_only_its_own_receipts(
@@ -198,6 +217,8 @@ def test_a_tenant_reads_only_its_own_receipts(
         with GatewayProcess(config) as gateway:
             receipts = _submit(gateway.url)
             assert receipts
+            accepted = _metric(gateway.url, "headway_gateway_receipts_accepted_total")
+            assert accepted == len(receipts)
             mine = f"{gateway.url}/v1/receipts/{receipts[0]}"
             status, _, data = _call(mine, key=OTHER, method="GET")
             assert status == 404, data  # another tenant's id reads as no id at all

@@ -3,7 +3,8 @@
 Per request: read the body (at most ``MAX_BODY_BYTES``), parse it
 (:func:`~headway.gateway.request_body.parse_request`), salt it per tenant, offer it to
 admission (prompt tokens estimated as body bytes / ``prompt_bytes_per_token``), take a
-fallback route when the core allows one, wait in line or go at once, and relay
+fallback route when the core allows one (a shed of a deferrable band becomes a receipt,
+:mod:`~headway.gateway.receipts`), wait in line or go at once, and relay
 (:class:`~headway.gateway.relay.UpstreamRelay`) under the request's deadline. Every
 outcome ends in ``finally``: the lifecycle's last event, the tenant's charge for what an
 engine did, the completion and goodput counters, the span and the access-log line.

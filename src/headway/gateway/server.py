@@ -1,7 +1,8 @@
 """The gateway's HTTP server (aiohttp): the app, its routes, lifecycle and metrics.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
-``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /openapi.json``, and the
+``GET /v1/models``, ``GET /v1/receipts/{id}`` (:mod:`~headway.gateway.receipts`),
+``GET /health``, ``GET /metrics``, ``GET /openapi.json``, and the
 admin API (``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``; bearer
 ``admin_token``).
 

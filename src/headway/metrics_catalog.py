@@ -208,7 +208,7 @@ GATEWAY: tuple[MetricSpec, ...] = (
     _counter("headway_gateway_requests_failed_total",
              "Admitted requests that ended failed (an upstream error, a stream cut short), by "
              "tenant: offered = completed + sheds + cancellations + deadline cancels + failed "
-             "+ in flight.", "tenant"),
+             "+ in flight (+ receipts accepted).", "tenant"),
     _counter("headway_gateway_deadline_cancels_total",
              "Requests whose deadline passed in flight: cancelled upstream (the engine frees "
              "their sequence), by mode.", "mode"),
@@ -277,6 +277,42 @@ GATEWAY_TICKETS: tuple[MetricSpec, ...] = (
 )
 """Last of the gateway's own (after the shared budgets', as exposed since they were added)."""
 
+GATEWAY_RECEIPTS: tuple[MetricSpec, ...] = (
+    _counter(
+        "headway_gateway_receipts_accepted_total",
+        "Requests deferred: answered 202 with a receipt instead of shed, by tenant and "
+        "the shed reason deferred.",
+        "tenant",
+        "reason",
+    ),
+    _counter(
+        "headway_gateway_receipts_completed_total",
+        "Receipts whose result was written completed (2xx), by tenant.",
+        "tenant",
+    ),
+    _counter(
+        "headway_gateway_receipts_failed_total",
+        "Receipts whose result was written failed (a non-2xx answer), by tenant.",
+        "tenant",
+    ),
+    _counter(
+        "headway_gateway_receipts_expired_total",
+        "Receipts that passed their retention (prompt and result deleted).",
+    ),
+    _counter(
+        "headway_gateway_receipts_reclaimed_total",
+        "Receipts taken over after their claim lapsed (the instance running them "
+        "died): run again, never completed twice.",
+    ),
+    _gauge(
+        "headway_gateway_receipts_depth",
+        "Receipts in the store not yet finished, by state (queued, running), as of the "
+        "runner's last look.",
+        "state",
+    ),
+)
+"""With ``receipts`` in the config (after the gateway's own)."""
+
 _UR = ("upstream", "revision")
 
 GATEWAY_POOL: tuple[MetricSpec, ...] = (
@@ -311,15 +347,16 @@ DESIRED_REPLICAS_METRIC = GATEWAY_AUTOSCALER[0].name
 
 
 def gateway_specs(
-    *, pool: bool, shared_budgets: bool, autoscaler: bool = False
+    *, pool: bool, shared_budgets: bool, receipts: bool = False, autoscaler: bool = False
 ) -> tuple[MetricSpec, ...]:
     """The gateway's metrics in exposition order, for a gateway with or without a pool,
-    shared budgets and an autoscaler."""
+    shared budgets, receipts and an autoscaler."""
     return (
         *GATEWAY,
         *(() if pool else GATEWAY_STATIC_UPSTREAMS),
         *(GATEWAY_SHARED_BUDGETS if shared_budgets else ()),
         *GATEWAY_TICKETS,
+        *(GATEWAY_RECEIPTS if receipts else ()),
         *(GATEWAY_POOL if pool else ()),
         *(GATEWAY_AUTOSCALER if autoscaler else ()),
     )

@@ -64,10 +64,10 @@ def _built(specs: tuple[MetricSpec, ...], fixed: dict[str, str] | None = None) -
 SERVERS = {
     "emulator": EMULATOR,
     **{
-        f"gateway pool={pool} shared={shared} autoscaler={scaler}": gateway_specs(
-            pool=pool, shared_budgets=shared, autoscaler=scaler
+        f"gateway pool={pool} shared={shared} receipts={receipts} autoscaler={scaler}": (
+            gateway_specs(pool=pool, shared_budgets=shared, receipts=receipts, autoscaler=scaler)
         )
-        for pool, shared, scaler in itertools.product((False, True), repeat=3)
+        for pool, shared, receipts, scaler in itertools.product((False, True), repeat=4)
     },
 }
 
@@ -91,7 +91,7 @@ def test_exposition_has_exactly_the_declared_families(server: str) -> None:
 
 
 def test_counter_names_end_in_total_and_only_counters_do() -> None:
-    for spec in SERVERS["gateway pool=True shared=True autoscaler=True"] + EMULATOR:
+    for spec in SERVERS["gateway pool=True shared=True receipts=True autoscaler=True"] + EMULATOR:
         assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
     with pytest.raises(ValueError, match="_total"):
         MetricSpec("x_seconds", "counter", "X.")

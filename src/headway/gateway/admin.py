@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from headway.gateway.control import Controller
     from headway.gateway.pooled import PoolSource
+    from headway.gateway.receipts import ReceiptRunner
     from headway.gateway.shared import SharedBudgets
 
 __all__ = ["AdminAPI"]
@@ -42,6 +43,7 @@ class AdminAPI:
     controller: Controller
     pool: PoolSource | None
     shared: SharedBudgets | None
+    receipts: ReceiptRunner | None
     deadlines: DeadlinePolicy
 
     def _admin(self, request: web.Request) -> web.Response | None:
@@ -158,6 +160,10 @@ class AdminAPI:
             restart.append("shared tenant budgets")
         if ctl.desired is not None and ctl.desired.pools_of(new) != ctl.desired.pools_of(old):
             restart.append("autoscaler pools")
+        if old.receipts != new.receipts:
+            restart.append("receipts")
+        if self.receipts is not None:
+            self.receipts.set_tenants(new)  # a receipt runs as its tenant's current key
         self.config = new
         ctl.reconfigure(new)
         self.deadlines = DeadlinePolicy(

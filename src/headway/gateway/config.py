@@ -17,6 +17,7 @@ from headway.core.errors import ConfigError, config_error
 from headway.core.policy.admission import AdmissionConfig, TenantLimits
 from headway.core.policy.autoscaler import AutoscalerConfig
 from headway.core.policy.budgets import share_budgets
+from headway.core.policy.deferral import DeferralConfig
 from headway.core.policy.fallback import FallbackConfig
 from headway.core.policy.queues import BANDS, QueueConfig
 from headway.core.policy.releases import ReleaseGuardConfig
@@ -25,6 +26,7 @@ from headway.core.workload.spec import Priority
 
 __all__ = [
     "GatewayFileConfig",
+    "ReceiptsConfig",
     "RouteConfig",
     "TenantConfig",
     "UpstreamConfig",
@@ -106,6 +108,41 @@ class RouteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
 
 
+class ReceiptsConfig(DeferralConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Asynchronous receipts (the core's :class:`~headway.core.policy.deferral.DeferralConfig`:
+    ``deferrable``, ``max_queued``, ``retention_s``; and where and how they run): a
+    non-streaming request of a ``deferrable`` band that would be shed for a reason a wait
+    can fix is answered ``202`` with a receipt, stored durably, run later in the
+    ``background`` band, and its result fetched with ``GET /v1/receipts/{id}``."""
+
+    path: str = "headway-receipts.sqlite3"
+    """The SQLite file of the receipts (created ``0600``; it holds prompts until they
+    run). With ``--redis URL`` they are kept in that Redis instead."""
+
+    lease_s: float = 30.0
+    """A running receipt's claim lasts this long and is renewed every third of it; a
+    claim its instance stopped renewing (killed) is taken over once it lapses."""
+
+    max_running: int = 8
+    """Receipts this instance runs at once (each one request offered in ``background``;
+    the band's ``background_max_share`` still caps their slots)."""
+
+    poll_s: float = 1.0
+    """How often the runner looks for work it was not told of (another instance's
+    receipts, lapsed claims, expiry)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("lease_s", "poll_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"receipts.{name} must be seconds > 0 (got {value})")
+        if self.max_running < 1:
+            raise ValueError(f"receipts.max_running must be >= 1 (got {self.max_running}); use 8")
+        if not self.path.strip():
+            raise ValueError("receipts.path must name a file, e.g. headway-receipts.sqlite3")
+
+
 class TenantConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One tenant, found by its API key."""
 
@@ -171,6 +208,10 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     :class:`~headway.core.policy.releases.ReleaseGuardConfig`): when the upstreams of one
     ``revision`` answer with errors or latency that spike against another revision's,
     unpinned calls avoid them for ``hold_s`` (an event in the log, a metric)."""
+
+    receipts: ReceiptsConfig | None = None
+    """Asynchronous receipts for deferrable bands (:class:`ReceiptsConfig`; None: every
+    shed is answered 429/503)."""
 
     preset: Literal["headway-default"] = "headway-default"
     """The policy preset; ``admission``/``queues``/``retries`` override its settings."""

@@ -3,7 +3,8 @@
 Per request: read the body (at most ``MAX_BODY_BYTES``), parse it
 (:func:`~headway.gateway.request_body.parse_request`), salt it per tenant, offer it to
 admission (prompt tokens estimated as body bytes / ``prompt_bytes_per_token``), take a
-fallback route when the core allows one, wait in line or go at once, and relay
+fallback route when the core allows one (a shed of a deferrable band becomes a receipt,
+:mod:`~headway.gateway.receipts`), wait in line or go at once, and relay
 (:class:`~headway.gateway.relay.UpstreamRelay`) under the request's deadline. Every
 outcome ends in ``finally``: the lifecycle's last event, the tenant's charge for what an
 engine did, the completion and goodput counters, the span and the access-log line.
@@ -27,6 +28,7 @@ from headway.core.policy.deadlines import Deadline
 from headway.core.policy.decisions import Shed
 from headway.gateway.guards import MAX_BODY_BYTES, CacheSalts, salted_body, too_large_response
 from headway.gateway.ops import RequestRecord, finish, next_request_id
+from headway.gateway.receipts import ReceiptDesk
 from headway.gateway.relay import STREAM, UpstreamRelay
 from headway.gateway.request_body import DEADLINE_HEADER, ClientError, parse_request, with_model
 from headway.http_errors import deadline_exceeded
@@ -47,7 +49,7 @@ _OFFERED_AT: Final = web.RequestKey("offered_at", float)
 """When the request was offered (parsed, counted): its time in the system starts."""
 
 
-class Generation(UpstreamRelay):
+class Generation(UpstreamRelay, ReceiptDesk):
     """The generate routes (a mixin: the server sets these, and the relay's)."""
 
     salts: CacheSalts
@@ -147,7 +149,8 @@ class Generation(UpstreamRelay):
             self.m_fallbacks(route, chosen).inc()
             route = chosen
         if isinstance(got, Shed):
-            return self._shed_response(got, record)
+            deferred = await self._deferred_response(got, parsed, raw, path, record, request)
+            return deferred or self._shed_response(got, record)
         lease = got
         completion_tokens: int | None = None
         completed = False

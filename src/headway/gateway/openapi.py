@@ -60,6 +60,11 @@ def _generation(summary: str, body: dict[str, object]) -> dict[str, object]:
                 "text/event-stream": {"schema": {"type": "string"}},
             },
         },
+        "202": {
+            "description": "deferred (a band in receipts.deferrable, past its limits): a "
+            "receipt, fetched at its Location (GET /v1/receipts/{id})",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
     }
     responses.update(
         _errors(
@@ -154,6 +159,26 @@ def openapi_document(models: Sequence[str]) -> dict[str, object]:
                         ("401", "an unknown API key"), ("503", "no upstream answers")
                     )
                     | {"200": {"description": "the model list", "content": json_object}},
+                }
+            },
+            "/v1/receipts/{receipt_id}": {
+                "get": {
+                    "summary": "a receipt: status queued, in_progress, completed, failed or "
+                    "expired; the completion in response",
+                    "security": [{"tenantKey": []}],
+                    "parameters": [
+                        {
+                            "name": "receipt_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": _errors(
+                        ("401", "an unknown API key"),
+                        ("404", "no such receipt for this key (or another tenant's)"),
+                    )
+                    | {"200": {"description": "the receipt", "content": json_object}},
                 }
             },
             "/health": _get(

@@ -1,7 +1,8 @@
 """The gateway's HTTP server (aiohttp): the app, its routes, lifecycle and metrics.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
-``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /openapi.json``, and the
+``GET /v1/models``, ``GET /v1/receipts/{id}`` (:mod:`~headway.gateway.receipts`),
+``GET /health``, ``GET /metrics``, ``GET /openapi.json``, and the
 admin API (``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``; bearer
 ``admin_token``).
 
@@ -45,12 +46,16 @@ from headway.gateway.guards import MAX_BODY_BYTES, CacheSalts, error_response, o
 from headway.gateway.openapi import openapi_document
 from headway.gateway.ops import AccessLog, tracer
 from headway.gateway.pooled import PoolSource
+from headway.gateway.receipt_store import SQLiteReceipts
+from headway.gateway.receipts import ReceiptRunner
 from headway.gateway.request_body import ClientError, bearer, tenant_of
 from headway.http_boundary import BoundaryLimits, BoundaryRunner, boundary_middleware, listen
 from headway.metrics_catalog import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headway.metrics_catalog import DESIRED_REPLICAS_METRIC, Metrics, gateway_specs
 
 if TYPE_CHECKING:
+    from headway.gateway.config import ReceiptsConfig
+    from headway.gateway.receipt_store import ReceiptStore
     from headway.gateway.shared import SharedBudgets
 
 __all__ = ["GatewayServer"]
@@ -70,6 +75,8 @@ class GatewayServer(AdminAPI, Generation):
         self.config = config
         self.config_path = config_path
         self.shared = _shared_budgets(config, redis_url) if redis_url else None
+        self.redis_url = redis_url
+        self.receipts: ReceiptRunner | None = None
         self.controller = Controller(config, budgets=self.shared)
         self.pool: PoolSource | None = None
         if config.pool is not None:
@@ -103,6 +110,7 @@ class GatewayServer(AdminAPI, Generation):
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/receipts/{receipt_id}", self._receipt_get)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/openapi.json", self._openapi)
@@ -141,6 +149,10 @@ class GatewayServer(AdminAPI, Generation):
         sockets = getattr(server, "sockets", None) or []
         self.host = host
         self.port = sockets[0].getsockname()[1] if sockets else port
+        if self.receipts is not None:
+            loopback = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+            self.receipts.set_tenants(self.config)
+            await self.receipts.start(f"http://{loopback}:{self.port}")
         return self.url
 
     async def drain(self, timeout_s: float | None = None) -> bool:
@@ -149,6 +161,8 @@ class GatewayServer(AdminAPI, Generation):
         (default ``shutdown_timeout_s``). True when nothing was left."""
         ctl = self.controller
         ctl.draining = True
+        if self.receipts is not None:
+            self.receipts.paused = True  # claim nothing more; what runs finishes
         limit_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         end = time.monotonic() + limit_s
         while ctl.core.queued_requests() or any(ctl.in_flight.values()):
@@ -171,6 +185,8 @@ class GatewayServer(AdminAPI, Generation):
         if self._scaling is not None:
             self._scaling.cancel()
             self._scaling = None
+        if self.receipts is not None:
+            await self.receipts.stop()  # its claims go back to the store at once
         if self.runner is not None:
             await self.runner.cleanup()
         if self.pool is not None:
@@ -192,6 +208,7 @@ class GatewayServer(AdminAPI, Generation):
                 pool=self.pool is not None,
                 shared_budgets=shared is not None,
                 autoscaler=self.controller.desired is not None,
+                receipts=self.config.receipts is not None,
             )
         )
         self.m_offered = metrics.counter_series("headway_gateway_requests_offered_total")
@@ -263,11 +280,34 @@ class GatewayServer(AdminAPI, Generation):
         if desired is not None:
             read(DESIRED_REPLICAS_METRIC,
                  lambda: [((p,), float(n)) for p, n in desired.desired().items()])  # fmt: skip
+        if self.config.receipts is not None:
+            self._setup_receipts(self.config.receipts)
         if self.pool is None:
             read("headway_gateway_upstream_ready", ready)
         else:
             for name, series in self.pool.pool.metric_series().items():
                 read(name, series)
+
+    def _setup_receipts(self, config: ReceiptsConfig) -> None:
+        """The receipt store (SQLite, or the ``--redis`` one), its runner and metrics."""
+        metrics = self.metrics
+        store: ReceiptStore
+        if self.redis_url is not None:
+            from headway.gateway.receipt_redis import RedisReceipts
+
+            store = RedisReceipts(self.redis_url)
+        else:
+            store = SQLiteReceipts(Path(config.path))
+        self.m_receipts_accepted = metrics.counter_series("headway_gateway_receipts_accepted_total")
+        runner = self.receipts = ReceiptRunner(
+            store, config, f"{socket.gethostname()}:{os.getpid()}",
+            completed=metrics.counter_series("headway_gateway_receipts_completed_total"),
+            failed=metrics.counter_series("headway_gateway_receipts_failed_total"),
+            expired=metrics.counter("headway_gateway_receipts_expired_total"),
+            reclaimed=metrics.counter("headway_gateway_receipts_reclaimed_total"),
+        )  # fmt: skip
+        metrics.read("headway_gateway_receipts_depth",
+                     lambda: [((s,), float(n)) for s, n in runner.depth.items()])  # fmt: skip
 
     # -- read-only routes ------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ class ClientBehaviour(GatewayOffers):
         call's patience, drawn once (seeded)."""
         self._queued = set()
         self._backing_off = set()
+        self._deferred_open = set()
+        self._deferred_until_s = {}
         self._num_impatient = 0
         self._patience_s: list[float] | None = None
         """Per call: how long its client waits for a first token (None: forever)."""
@@ -125,6 +127,7 @@ class ClientBehaviour(GatewayOffers):
         self._cancelled.extend([False] * m)
         self._lost_race.extend([False] * m)
         self._fell_back.extend([False] * m)
+        self._deferred.extend([False] * m)
         self._outcome.extend([NOT_OFFERED] * m)
         self._shed_reason.extend([-1] * m)
         self._attempts.extend([0] * m)
@@ -171,8 +174,8 @@ class ClientBehaviour(GatewayOffers):
         """Call ``j``'s client has waited ``duplicate_after_s`` without a token and submits
         the same call again (seed 000). A gateway recognises the idempotency key and
         attaches it to the call in flight; without one it is new work for the replicas."""
-        if self._outcome[j] != IN_FLIGHT or self._first_token_s[j] <= now:
-            return
+        if self._outcome[j] != IN_FLIGHT or self._first_token_s[j] <= now or self._deferred[j]:
+            return  # (a deferred call's client holds a receipt: it waits on no connection)
         if self.gateway is not None:
             self._duplicates_coalesced += 1
             return
@@ -278,7 +281,10 @@ class ClientBehaviour(GatewayOffers):
 
     def _deadline(self, j: int, now: float) -> tuple[float | None, bool]:
         """The call's absolute deadline and whether a retry renews it: the earlier of its
-        task's deadline (fixed) and ``now`` + its class's e2e bound (per call)."""
+        task's deadline (fixed) and ``now`` + its class's e2e bound (per call); a deferred
+        call's is the end of its receipt's retention, fixed."""
+        if self._deferred[j]:
+            return self._deferred_until_s[j], False
         task = self._call_task[j]
         k = self._task_class[task]
         task_s = self._class_task_deadline_s[k]

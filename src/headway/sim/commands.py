@@ -174,6 +174,11 @@ def _print_result(r: SimResult, wall_s: float) -> None:
             f"Fallback: {r.fallback_calls:,} calls went to their route's declared fallback "
             "pool (their own pool had no routable replica)"
         )
+    if r.deferred_calls:
+        console.print(
+            f"Receipts: {r.deferred_calls:,} shed calls were deferred instead (run later in "
+            f"background); {r.deferred_completed:,} completed within their retention"
+        )
     worst = [s for s in r.segments if s.ranked][:3]
     if worst:
         console.print("Worst segments (every segment: --json):")

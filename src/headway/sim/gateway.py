@@ -38,6 +38,7 @@ from headway.core.gateway_core import (
 from headway.core.policy.admission import AdmissionConfig, AdmissionRequest
 from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
+from headway.core.policy.deferral import DeferralConfig
 from headway.core.policy.fallback import FallbackConfig, RouteView
 from headway.core.policy.queues import QueueConfig
 from headway.core.policy.speeds import SpeedPrior
@@ -95,6 +96,13 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Cancel a dispatched call in its replica when its deadline (its task's, or its
     class's ``e2e_s``) passes, freeing its KV blocks and its slot, as the live gateway
     cancels the upstream call (False: it runs to its end, late)."""
+
+    receipts: DeferralConfig | None = None
+    """Asynchronous receipts, the live gateway's ``receipts`` decision (the core's
+    :func:`~headway.core.policy.deferral.should_defer`): a shed call of a ``deferrable``
+    band is deferred instead; it is offered again in ``background`` after the shed's
+    Retry-After (and again after each further shed), its deadline the end of
+    ``retention_s``, its client's patience off (it holds a receipt). None: none."""
 
     capacity_tokens_per_s: float | None = None
     """The planned capacity the ``shares`` budgets divide, in charged tokens (prompt plus

@@ -20,13 +20,16 @@ from headway.core.gateway_core import Lease
 from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
+from headway.core.policy.deferral import should_defer
 from headway.core.policy.queues import BANDS
 from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.events import ATTEMPT_CODES, EV_CALL_DEADLINE, EV_GATEWAY_EXPIRY, EV_RETRY
 from headway.sim.fleet import FleetChanges
 from headway.sim.kernel import DISPATCH
-from headway.sim.outcome import SHED, SHED_CODE, TIMED_OUT
+from headway.sim.outcome import IN_FLIGHT, SHED, SHED_CODE, TIMED_OUT
+
+_BACKGROUND = BANDS.index("background")
 
 
 class GatewayOffers(FleetChanges):
@@ -101,6 +104,8 @@ class GatewayOffers(FleetChanges):
         policy, or it ends ``shed``."""
         k = self._task_class[self._call_task[j]]
         retry_after_s = decision.retry_after_s
+        if retry_after_s is not None and self._defer(j, now, decision, retry_after_s):
+            return
         self._retry_after_s[j] = math.nan if retry_after_s is None else retry_after_s
         if decision.ticket is not None:
             self._ticket[j] = decision.ticket
@@ -121,6 +126,36 @@ class GatewayOffers(FleetChanges):
         self._finish_s[j] = now
         self._shed_reason[j] = SHED_CODE[decision.reason]
         self._call_unserved(j, now)
+
+    def _defer(self, j: int, now: float, decision: Shed, retry_after_s: float) -> bool:
+        """Call ``j``, shed, is deferred instead when the core's deferral decision says
+        so (``gateway.receipts``): offered again in ``background`` after
+        ``retry_after_s``, until its receipt's retention ends. True when deferred."""
+        gateway = self.gateway
+        assert gateway is not None
+        receipts = gateway.config.receipts
+        if receipts is None:
+            return False
+        open_calls = self._deferred_open
+        if len(open_calls) >= receipts.max_queued:  # prune those that ended
+            self._deferred_open = open_calls = {
+                d for d in open_calls if self._outcome[d] == IN_FLIGHT
+            }
+        if not self._deferred[j]:
+            band = BANDS[self._call_prio[j]]
+            if not should_defer(
+                decision, band, stream=False, queued=len(open_calls), config=receipts
+            ):
+                return False
+            self._deferred[j] = True
+            self._deferred_until_s[j] = now + receipts.retention_s
+            self._call_prio[j] = _BACKGROUND
+            open_calls.add(j)
+        elif now + retry_after_s >= self._deferred_until_s[j]:
+            return False  # its retention ends first: it ends shed (expired)
+        self._backing_off.add(j)
+        self.events.push(now + retry_after_s, DISPATCH, EV_RETRY, j)
+        return True
 
     def _pump(self, now: float) -> None:
         """Let the core dispatch queued calls into free slots and expire those whose

@@ -310,6 +310,12 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     attainment, then e2e and TTFT p99), the unranked after them."""
     fallback_calls: int = 0
     """Calls sent to a fallback route's pool (their own pool had no routable replica)."""
+    deferred_calls: int = 0
+    """Calls shed and deferred instead (``gateway.receipts``): a receipt, run later."""
+    deferred_completed: int = 0
+    """Deferred calls that completed within their receipt's retention (each once). Their
+    SLO is still their class's, so most are late by it: the receipt changes the completion
+    expectation, and this count is the one to read for them."""
 
 
 def _accounting(out: SimOutcome) -> Accounting:
@@ -599,6 +605,8 @@ def build_result(
         accounting=_accounting(out),
         work=_work(out, c.lost_race),
         fallback_calls=int(c.fell_back.sum()) if c.fell_back.size else 0,
+        deferred_calls=int(c.deferred.sum()) if c.deferred.size else 0,
+        deferred_completed=int((c.deferred & completed).sum()) if c.deferred.size else 0,
         energy=_energy(out, replica_power_w, int(met.sum()), int(verified.sum())),
         segments=segments,
     )

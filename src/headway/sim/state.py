@@ -96,6 +96,8 @@ class SimState:
     _cancelled: list[bool]
     _lost_race: list[bool]
     _fell_back: list[bool]
+    _deferred: list[bool]
+    """Per row: shed, and deferred instead (a receipt; ``gateway.receipts``)."""
     """Per row: a losing branch of a ``branch_join: first`` step."""
     _cancel_losers_after_s: list[float]
     """Per class: how long losing branches keep running after their step's winner."""
@@ -140,6 +142,10 @@ class SimState:
     """When the gateway's timer event is armed for (-1: none): the core's
     ``next_timer_s``, as the live driver arms its one timer."""
     _backing_off: set[int]
+    _deferred_open: set[int]
+    _deferred_until_s: dict[int, float]
+    """Per deferred call: when its receipt's retention ends (its fixed deadline)."""
+    """Calls deferred and perhaps not yet ended (pruned when it reaches ``max_queued``)."""
     """Calls whose last attempt failed and whose client waits to retry them."""
     _num_impatient: int
     _dup_of: list[int]

@@ -43,6 +43,12 @@ from headway.core.policy.admission import (
 )
 from headway.core.policy.charges import Phase, unused_tokens
 from headway.core.policy.decisions import Admit, Enqueue, Shed, ShedReason
+from headway.core.policy.degraded import (
+    Degradation,
+    DegradedConfig,
+    DegradedModes,
+    PressureReading,
+)
 from headway.core.policy.fallback import (
     FallbackConfig,
     FallbackPolicy,
@@ -215,6 +221,8 @@ class CoreSettings:
     release_guard: ReleaseGuardConfig = field(default_factory=ReleaseGuardConfig)
     """When a release whose errors or latency spike is routed back
     (:mod:`~headway.core.policy.releases`)."""
+    degraded: DegradedConfig = field(default_factory=DegradedConfig)
+    """Degraded modes per band (:mod:`~headway.core.policy.degraded`)."""
 
 
 class GatewayCore:
@@ -247,6 +255,9 @@ class GatewayCore:
         self.releases = ReleaseGuard(settings.release_guard)
         """Which release unpinned calls avoid (seed 003: route to the previous release
         when the current one's errors spike)."""
+        self.modes = DegradedModes(settings.degraded)
+        """Which degraded modes are on (seed 002: shorten output or context, shed optional
+        work, only under an explicit mode)."""
         self.router = router or Router("least_outstanding_requests")
         self.speed_prior = speed_prior
         self.speeds = ServiceSpeeds(speed_prior)
@@ -288,6 +299,7 @@ class GatewayCore:
         self.slots.active_s = settings.tenant_active_s
         self.fallback = FallbackPolicy(settings.fallback)
         self.releases.config = settings.release_guard
+        self.modes.reconfigure(settings.degraded)
         self.settings = settings
         self.pump(now)
 
@@ -497,6 +509,61 @@ class GatewayCore:
         """A streamed answer: its first and last token, seconds after its dispatch."""
         if self.settings.measure_speeds:
             self.speeds.observe_stream(prompt_tokens, output_tokens, first_token_s, duration_s)
+
+    # -- degraded modes ---------------------------------------------------------------------
+
+    def pressure(self, now: float) -> PressureReading:
+        """The gateway's pressure now: the oldest wait over every lane, and dispatched
+        requests over the ready upstreams' slots (1 when none is ready and work waits)."""
+        delay_s = max((q.oldest_wait_s(now) for q in self._lanes.values()), default=0.0)
+        busy = sum(self.running.values())
+        total = self.total_slots(now)
+        if total:
+            utilization = min(1.0, busy / total)
+        else:
+            utilization = 1.0 if busy or self.queued_requests() else 0.0
+        return PressureReading(queue_delay_s=delay_s, slot_utilization=utilization)
+
+    def degrade(
+        self, now: float, request: AdmissionRequest, *, optional: bool = False
+    ) -> tuple[AdmissionRequest | Shed, Degradation | None]:
+        """Apply the degraded mode of ``request``'s band, if on (entering or leaving the
+        modes on the pressure now; :meth:`DegradedModes.changes` has what changed): the
+        request as it will be offered (its output capped, its prompt trimmed), or the
+        shed of an ``optional`` request; and what changed (None: nothing). Both drivers
+        call it before :meth:`offer_on_route`."""
+        modes = self.modes
+        if not modes.config.modes:
+            return request, None
+        modes.update(now, self.pressure(now))
+        got = modes.degrade(
+            now,
+            request.priority,
+            max_tokens=request.max_tokens,
+            prompt_tokens=request.prompt_tokens,
+            optional=optional,
+        )
+        if got is None:
+            return request, None
+        if got.shed:
+            detail = f"degraded mode {got.mode!r} is on and sheds optional requests"
+            return Shed(ShedReason.DEGRADED_OPTIONAL, got.retry_after_s, detail), got
+        cap, limit = got.max_tokens, got.context_tokens
+        expected = request.expected_output_tokens
+        changed = dataclasses.replace(
+            request,
+            max_tokens=request.max_tokens if cap is None else cap,
+            p95_output_tokens=request.p95_output_tokens
+            if cap is None
+            else min(cap, request.p95_output_tokens),
+            expected_output_tokens=expected
+            if cap is None or expected is None
+            else min(cap, expected),
+            prompt_tokens=request.prompt_tokens
+            if limit is None
+            else min(limit, request.prompt_tokens),
+        )
+        return changed, got
 
     # -- per-tenant slot shares -------------------------------------------------------------
 

@@ -40,6 +40,7 @@ _STATUS: Final[dict[ShedReason, int]] = {
     ShedReason.DOWNSTREAM_UNHEALTHY: 503,
     ShedReason.DRAINING: 503,
     ShedReason.EXPIRED: 503,
+    ShedReason.DEGRADED_OPTIONAL: 503,
     ShedReason.TOO_LARGE: 400,
 }
 

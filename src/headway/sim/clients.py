@@ -71,6 +71,7 @@ class ClientBehaviour(GatewayOffers):
         self._attempt_timeout_s = retries.timeout_s
         classes = [spec.classes[c] for c in workload.class_names]
         self._class_idempotent = [c.idempotent for c in classes]
+        self._class_optional = [c.optional for c in classes]
         self._task_arrival = workload.task_arrival_s.tolist()
         self._class_e2e_s = [c.slo.e2e_s for c in classes]
         self._class_task_deadline_s = [c.slo.task_deadline_s for c in classes]
@@ -127,6 +128,7 @@ class ClientBehaviour(GatewayOffers):
         self._cancelled.extend([False] * m)
         self._lost_race.extend([False] * m)
         self._fell_back.extend([False] * m)
+        self._degraded.extend([False] * m)
         self._deferred.extend([False] * m)
         self._outcome.extend([NOT_OFFERED] * m)
         self._shed_reason.extend([-1] * m)

@@ -174,6 +174,11 @@ def _print_result(r: SimResult, wall_s: float) -> None:
             f"Fallback: {r.fallback_calls:,} calls went to their route's declared fallback "
             "pool (their own pool had no routable replica)"
         )
+    if r.degraded_calls:
+        console.print(
+            f"Degraded modes: {r.degraded_calls:,} calls were served degraded (output "
+            f"capped, prompt trimmed, or shed as optional); {r.degraded_completed:,} completed"
+        )
     if r.deferred_calls:
         console.print(
             f"Receipts: {r.deferred_calls:,} shed calls were deferred instead (run later in "

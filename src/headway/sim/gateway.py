@@ -39,6 +39,7 @@ from headway.core.policy.admission import AdmissionConfig, AdmissionRequest
 from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
 from headway.core.policy.deferral import DeferralConfig
+from headway.core.policy.degraded import DegradedConfig
 from headway.core.policy.fallback import FallbackConfig, RouteView
 from headway.core.policy.queues import QueueConfig
 from headway.core.policy.speeds import SpeedPrior
@@ -103,6 +104,13 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     band is deferred instead; it is offered again in ``background`` after the shed's
     Retry-After (and again after each further shed), its deadline the end of
     ``retention_s``, its client's patience off (it holds a receipt). None: none."""
+
+    degraded: DegradedConfig | None = None
+    """Degraded modes, the live gateway's ``degraded`` section (the core's
+    :mod:`~headway.core.policy.degraded`): while a band's mode is on, its calls' output
+    is capped at ``max_tokens`` (a call's output is the least of its own and the cap),
+    their prompts trimmed to ``context_tokens``, and calls of ``optional`` workload
+    classes shed. None: none."""
 
     capacity_tokens_per_s: float | None = None
     """The planned capacity the ``shares`` budgets divide, in charged tokens (prompt plus
@@ -228,6 +236,7 @@ class SimGateway:
             route_slot_shares=route_shares,
             routes=dict(routes or {}),
             fallback=fallback or FallbackConfig(),
+            degraded=config.degraded or DegradedConfig(),
         )
         self.core = GatewayCore(settings, self.upstreams, speed_prior=speed_prior)
 

@@ -80,6 +80,18 @@ class GatewayOffers(FleetChanges):
             deadline_renews_on_retry=renews,
             ticket=self._ticket.get(j),
         )
+        if gateway.config.degraded is not None:
+            degraded, how = gateway.core.degrade(now, request, optional=self._class_optional[k])
+            if how is not None:
+                self._degraded[j] = True
+                if isinstance(degraded, Shed):
+                    self._shed(j, now, degraded, renews, deadline_s)
+                    return
+                request = degraded
+                self._call_out[j] = min(self._call_out[j], degraded.max_tokens or 1 << 62)
+                if degraded.prompt_tokens < self._call_in[j]:  # trimmed: its prefix changed
+                    self._call_in[j] = degraded.prompt_tokens
+                    self._call_prefix_row[j] = -1
         route = self._route_names[self._call_route[j]] if self._call_route else None
         chosen, lease = gateway.offer(now, request, j * ATTEMPT_CODES + self._attempts[j], route)
         if chosen != route:

@@ -76,6 +76,9 @@ class CallRecords:
     fell_back: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
     """Routed to a fallback route's pool, at least once (its own route's pool had no
     routable replica, and the core ``FallbackPolicy`` allowed the substitute)."""
+    degraded: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
+    """Served degraded (``gateway.degraded``): a mode capped its output or trimmed its
+    prompt, or shed it as optional."""
     deferred: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
     """Shed, and deferred instead (``gateway.receipts``): run later in ``background``,
     within the receipt's retention, its client holding a receipt (no patience)."""
@@ -108,6 +111,7 @@ class CallRecords:
             attempts=np.zeros(n, dtype=np.int64),
             lost_race=np.zeros(n, dtype=np.bool_),
             fell_back=np.zeros(n, dtype=np.bool_),
+            degraded=np.zeros(n, dtype=np.bool_),
             deferred=np.zeros(n, dtype=np.bool_),
             kv_transfer_s=nan.copy(),
             cached_prompt_tokens=np.full(n, -1, dtype=np.int64),

@@ -64,6 +64,7 @@ class Recording(SimState):
         self._cancelled = [False] * n
         self._lost_race = [False] * n
         self._fell_back = [False] * n
+        self._degraded = [False] * n
         self._deferred = [False] * n
         self._arrival_s = [nan] * n
         self._outcome = [NOT_OFFERED] * n
@@ -193,6 +194,7 @@ class Recording(SimState):
             attempts=np.array(self._attempts[:n], dtype=np.int64),
             lost_race=np.array(self._lost_race[:n], dtype=np.bool_),
             fell_back=np.array(self._fell_back[:n], dtype=np.bool_),
+            degraded=np.array(self._degraded[:n], dtype=np.bool_),
             deferred=np.array(self._deferred[:n], dtype=np.bool_),
             kv_transfer_s=np.array(self._kv_transfer_s[:n], dtype=np.float64),
             cached_prompt_tokens=np.array(self._cached_prompt_tokens[:n], dtype=np.int64),

@@ -310,6 +310,12 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     attainment, then e2e and TTFT p99), the unranked after them."""
     fallback_calls: int = 0
     """Calls sent to a fallback route's pool (their own pool had no routable replica)."""
+    degraded_calls: int = 0
+    """Calls a degraded mode changed (``gateway.degraded``): output capped, prompt
+    trimmed, or shed as optional. A degraded call served within its SLO counts as met: a
+    shorter answer on time is the trade the mode declares."""
+    degraded_completed: int = 0
+    """Degraded calls that completed (served shorter; the optional ones shed are not)."""
     deferred_calls: int = 0
     """Calls shed and deferred instead (``gateway.receipts``): a receipt, run later."""
     deferred_completed: int = 0
@@ -605,6 +611,8 @@ def build_result(
         accounting=_accounting(out),
         work=_work(out, c.lost_race),
         fallback_calls=int(c.fell_back.sum()) if c.fell_back.size else 0,
+        degraded_calls=int(c.degraded.sum()) if c.degraded.size else 0,
+        degraded_completed=int((c.degraded & completed).sum()) if c.degraded.size else 0,
         deferred_calls=int(c.deferred.sum()) if c.deferred.size else 0,
         deferred_completed=int((c.deferred & completed).sum()) if c.deferred.size else 0,
         energy=_energy(out, replica_power_w, int(met.sum()), int(verified.sum())),

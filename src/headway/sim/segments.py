@@ -136,6 +136,8 @@ def selections(w: CompiledWorkload, out: SimOutcome, ended: Mask) -> list[tuple[
     add("retry", ("first attempt", "retried"), np.where(ended, (c.attempts >= 2).astype(int), -1))
     if c.fell_back.any():
         add("fallback", ("own route", "fell back"), np.where(ended, c.fell_back.astype(int), -1))
+    if c.degraded.any():
+        add("degraded", ("served whole", "degraded"), np.where(ended, c.degraded.astype(int), -1))
     if c.deferred.any():
         add("deferral", ("served live", "deferred"), np.where(ended, c.deferred.astype(int), -1))
     add("priority", PRIORITIES, w.task_priority[w.call_task])

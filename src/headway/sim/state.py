@@ -96,6 +96,7 @@ class SimState:
     _cancelled: list[bool]
     _lost_race: list[bool]
     _fell_back: list[bool]
+    _degraded: list[bool]
     _deferred: list[bool]
     """Per row: shed, and deferred instead (a receipt; ``gateway.receipts``)."""
     """Per row: a losing branch of a ``branch_join: first`` step."""
@@ -135,6 +136,7 @@ class SimState:
     _retry_policy: RetryPolicy
     _retry_rng: np.random.Generator
     _class_idempotent: list[bool]
+    _class_optional: list[bool]
     _class_e2e_s: list[float | None]
     _queued: set[int]
     """Calls waiting in the gateway's queues (not those backing off to retry)."""

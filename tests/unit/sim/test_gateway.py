@@ -235,7 +235,8 @@ def test_default_preset_output_identical_to_before_the_gateway(
                 "kv_transfer_s_mean"):  # fmt: skip
         summary["engine"].pop(key)
     for key in ("by_retry", "by_outcome", "little_boundaries", "work", "energy", "segments",
-                "fallback_calls", "deferred_calls", "deferred_completed"):  # fmt: skip
+                "fallback_calls", "deferred_calls", "deferred_completed", "degraded_calls",
+                "degraded_completed"):  # fmt: skip
         summary.pop(key)
     summary["slo"].pop("task_deadlines_declared")
     summary["slo"].pop("losing_branches")

@@ -37,6 +37,7 @@ class ShedReason(enum.Enum):
     DOWNSTREAM_UNHEALTHY = "downstream_unhealthy"
     DRAINING = "draining"
     EXPIRED = "expired"
+    DEGRADED_OPTIONAL = "degraded_optional"
 
     @property
     def meaning(self) -> str:
@@ -63,6 +64,9 @@ SHED_REASON_MEANINGS: Final[Mapping[ShedReason, str]] = {
     "another instance, or after the replacement is ready",
     ShedReason.EXPIRED: "it waited in a queue until its deadline passed and was removed "
     "before dispatch (never sent upstream)",
+    ShedReason.DEGRADED_OPTIONAL: "it is marked optional or speculative and a degraded mode "
+    "that sheds optional work is on; retry after the mode may have left, or send it as "
+    "required",
 }
 
 

@@ -926,6 +926,11 @@ class PriorityQueues(Generic[T]):
             oldest_wait_s=now - min(heads) if heads else 0.0,
         )
 
+    def oldest_wait_s(self, now: float) -> float:
+        """How long the oldest request waiting in any band has waited (0 when none)."""
+        heads = [o.queued.enqueued_s for q in self._bands.values() if (o := q.oldest())]
+        return now - min(heads) if heads else 0.0
+
     def statistics(self, now: float) -> QueuesStatistics:
         """Every band and every tenant seen so far, at ``now`` (each computed when first
         read: read them before the queues change)."""

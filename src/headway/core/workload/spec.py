@@ -592,6 +592,10 @@ class TaskClass(_Spec, frozen=True, kw_only=True):
     idempotent: bool = True
     """Whether a call may be retried safely (a refund is not)."""
 
+    optional: bool = False
+    """Its calls are optional or speculative (a prefetch, a suggestion): a degraded mode
+    with ``shed_optional`` sheds them (live: they carry ``x-headway-optional: true``)."""
+
     verification_calls: int = 0
     """Calls after the task's own that check its result (drawn like its other calls);
     seed 002's verified outcome: an answer counts once something accepted it."""

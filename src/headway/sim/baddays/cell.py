@@ -60,6 +60,13 @@ class BadDayCell(msgspec.Struct, frozen=True, kw_only=True):
     """Every offered call ended in exactly one terminal state."""
     note: str | None = None
     """What the figures do not say by themselves (a retry storm that did not form)."""
+    degraded_calls: int = 0
+    """Calls a degraded mode changed (``gateway.degraded``)."""
+
+
+MODES_OFF: Final = "headway-default, modes off"
+"""The label of the cells that run ``headway-default`` with the cluster's degraded modes
+removed: beside its ``headway-default`` cell, what the modes buy."""
 
 
 def replica_seconds(result: SimResult) -> tuple[float, str]:
@@ -89,6 +96,8 @@ class CellJob(msgspec.Struct, frozen=True, kw_only=True):
     cluster: ClusterSpec
     seed: int
     price_per_replica_hour: float | None
+    label: str | None = None
+    """The cell's preset column (None: ``preset``)."""
 
 
 def run_cell(
@@ -112,7 +121,7 @@ def run_cell(
     cost = price * replica_s / 3600.0 / met if price is not None and met > 0 else None
     cell = BadDayCell(
         scenario=job.scenario,
-        preset=job.preset,
+        preset=job.label or job.preset,
         offered_calls=a.offered_calls,
         offered_tasks=result.slo.offered_tasks,
         goodput_per_s=result.slo.goodput_per_s,
@@ -134,6 +143,7 @@ def run_cell(
         cost_per_successful_task=cost,
         balanced=a.balanced,
         note=_note(job.scenario, a.amplification),
+        degraded_calls=result.degraded_calls,
     )
     return cell, basis
 

@@ -20,7 +20,13 @@ from headway.core.workload.scale import scale_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.executors import LocalExecutor, PointExecutor
 from headway.sim.baddays.catalogue import DEFAULT_SCENARIOS, SCENARIOS, did_you_mean, get_scenario
-from headway.sim.baddays.cell import BadDayCell, CellJob, price_per_replica_hour, run_cell
+from headway.sim.baddays.cell import (
+    MODES_OFF,
+    BadDayCell,
+    CellJob,
+    price_per_replica_hour,
+    run_cell,
+)
 from headway.sim.cluster import ClusterSpec
 from headway.sim.gateway import GatewayPreset
 from headway.sim.simulator import SimOptions
@@ -109,7 +115,9 @@ def run_bad_days(
 
     The workload is first given ``duration_s`` (default: its own) and scaled to ``load``;
     each scenario (a name, or names joined by ``+``) is applied to that, and the cluster's
-    ``gateway.preset`` is then set to each preset, its other gateway settings kept. Every
+    ``gateway.preset`` is then set to each preset, its other gateway settings kept (with
+    ``gateway.degraded``, ``headway-default`` also runs with the modes removed, the
+    :data:`~headway.sim.baddays.cell.MODES_OFF` cells: what the modes buy). Every
     cell uses ``seed`` (default: the workload's), so the same inputs give the same
     matrix. ``on_cell`` is called in this process as each cell finishes (for progress).
     """
@@ -151,6 +159,19 @@ def run_bad_days(
                     price_per_replica_hour=price,
                 )
             )
+            if preset == "headway-default" and gateway.degraded is not None:
+                off = _R(gateway, degraded=None)
+                work.append(
+                    CellJob(
+                        scenario=scenario.name,
+                        preset=preset,
+                        spec=s_spec,
+                        cluster=_R(s_cluster, gateway=off),
+                        seed=run_seed,
+                        price_per_replica_hour=price,
+                        label=MODES_OFF,
+                    )
+                )
 
     def done(_index: int, result: tuple[BadDayCell, str]) -> None:
         if on_cell is not None:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from rich.table import Table
 
+from headway.sim.baddays.cell import MODES_OFF
 from headway.sim.baddays.matrix import BadDayMatrix
 
 
@@ -75,6 +76,17 @@ def matrix_notes(matrix: BadDayMatrix) -> list[str]:
             f"* changes nothing in this workload and cluster: {', '.join(unchanged)} "
             "(its rows repeat the baseline)"
         )
+    for info in matrix.scenarios:
+        on = [c for c in matrix.cells if c.scenario == info.name and c.preset == "headway-default"]
+        off = [c for c in matrix.cells if c.scenario == info.name and c.preset == MODES_OFF]
+        if on and off:
+            gain = on[0].goodput_per_s - off[0].goodput_per_s
+            rel = f" ({gain / off[0].goodput_per_s:+.0%})" if off[0].goodput_per_s else ""
+            notes.append(
+                f"degraded modes on {info.name}: goodput {off[0].goodput_per_s:.2f} → "
+                f"{on[0].goodput_per_s:.2f}/s, {gain:+.2f}/s{rel}; "
+                f"{on[0].degraded_calls:,} calls served degraded"
+            )
     if matrix.price_per_replica_hour is None:
         notes.append(
             "$/task: no price; set price_per_replica_hour in the cluster file (or "

@@ -77,7 +77,7 @@ def workload(duration_s: float) -> dict[str, Any]:
                     "bursts": [
                         {"start_s": duration_s / 3, "duration_s": duration_s / 3, "multiplier": 3.0}
                     ],
-                },  # fmt: skip
+                },
             }
         ],
     }
@@ -139,7 +139,7 @@ def run(duration_s: float, *, sim_only: bool) -> dict[str, Any]:
                 live = _live(spec, truth, live_config, key)
                 out.update({f"live_{k}_{name}": v for k, v in live.items()})
             print(f"mode {name}: " + ", ".join(f"{k}={v}" for k, v in out.items()
-                  if k.endswith(name) or k.endswith(f"{name}_per_s")), file=sys.stderr)  # fmt: skip
+                  if k.endswith((name, f"{name}_per_s"))), file=sys.stderr)  # fmt: skip
     sim_gain = out["sim_goodput_on_per_s"] / out["sim_goodput_off_per_s"] - 1
     out["sim_goodput_gain"] = sim_gain
     if not sim_only:

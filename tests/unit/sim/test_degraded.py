@@ -41,8 +41,8 @@ def _workload(*, optional_rate_per_s: float = 0.0) -> Any:
          "arrivals": {"process": "poisson", "rate_per_s": 4, "bursts": [burst]}},
     ]  # fmt: skip
     if optional_rate_per_s:
-        sources.append({"name": "prefetch", "mix": {"suggest": 1},
-                        "arrivals": {"process": "poisson", "rate_per_s": optional_rate_per_s}})  # fmt: skip
+        arrivals = {"process": "poisson", "rate_per_s": optional_rate_per_s}
+        sources.append({"name": "prefetch", "mix": {"suggest": 1}, "arrivals": arrivals})
     spec = {"name": "burst", "duration_s": 45, "seed": 5, "classes": classes, "sources": sources}
     return parse_workload(spec, "<degraded>")
 

@@ -478,6 +478,38 @@ def _fingerprint(url: str) -> str:
     return token_ids_fingerprint(choice["prompt_token_ids"], choice["token_ids"])
 
 
+def test_a_logprob_checksum_passes_on_the_engine_and_a_drifted_one_is_wrong(
+    replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest
+) -> None:
+    """The readiness fingerprint with a logprob checksum (issue 20: "compared on real
+    token ids, and a logprob checksum where the engine returns logprobs"): the probe asks
+    vLLM for ``logprobs: 1`` and passes on the sum it recorded; the same token ids with a
+    sum moved past the tolerance are wrong, naming the numerical format."""
+    from headway.gateway.probe import probe_session, run_probe
+
+    url = _urls(replicas)[0]
+    status, body = _post(url, "/v1/completions", {
+        "model": MODEL, "prompt": DEFAULT_PROBE_PROMPT, "max_tokens": 2, "temperature": 0,
+        "return_token_ids": True, "logprobs": 1}, {})  # fmt: skip
+    assert status == 200, body
+    choice = body["choices"][0]
+    logprobs = choice["logprobs"]["token_logprobs"]
+    recorded = token_ids_fingerprint(choice["prompt_token_ids"], choice["token_ids"], logprobs)
+    ids, _, total = recorded.partition(";logprob_sum:")
+    drifted = f"{ids};logprob_sum:{float(total) + 1.0:.6f}"
+    _report(request, f"logprob fingerprint: {recorded}")
+
+    async def probe(expected: str) -> Any:
+        async with probe_session() as session:
+            return await run_probe(session, url, model=MODEL, prompt=DEFAULT_PROBE_PROMPT,
+                                   max_tokens=2, expected=expected, deadline_s=30.0)  # fmt: skip
+
+    assert asyncio.run(probe(recorded)).outcome == "pass"
+    wrong = asyncio.run(probe(drifted))
+    assert (wrong.outcome, wrong.reason) == ("wrong", "fingerprint mismatch")
+    assert "logprob sum" in wrong.detail and "numerical format" in wrong.detail
+
+
 def test_a_replica_with_other_token_ids_is_excluded(
     replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest
 ) -> None:

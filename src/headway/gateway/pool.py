@@ -50,6 +50,7 @@ from headway.gateway.probe import (
     EngineMetrics,
     ProbeOutcome,
     ProbeResult,
+    logprob_checksum,
     probe_session,
     run_probe,
     scrape_metrics,
@@ -153,13 +154,24 @@ class PoolUpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
             "the expected completion text of the probe, sha256:HEX of it, or token_ids:P,../O,..",
         )
         if self.fingerprint is not None and self.fingerprint.startswith(TOKEN_IDS_PREFIX):
-            ids = self.fingerprint[len(TOKEN_IDS_PREFIX) :].split("/")
+            try:
+                checksum = logprob_checksum(self.fingerprint)
+            except ValueError:
+                checksum = None
+                _require(
+                    False, "upstreams[].fingerprint", self.fingerprint,
+                    "after ;logprob_sum: a number, optionally ~ and a tolerance "
+                    "(e.g. ;logprob_sum:-3.25~0.05)",
+                )  # fmt: skip
+            plain = self.fingerprint if checksum is None else checksum[0]
+            ids = plain[len(TOKEN_IDS_PREFIX) :].split("/")
             _require(
                 len(ids) == 2 and all(i.isdigit() for part in ids for i in part.split(",")),
                 "upstreams[].fingerprint",
                 self.fingerprint,
                 "token_ids: then the prompt's ids, a slash and the answer's ids, each "
-                "comma-separated (e.g. token_ids:12,7/44,5)",
+                "comma-separated (e.g. token_ids:12,7/44,5), then optionally "
+                ";logprob_sum:X",
             )
         if self.fingerprint is not None and self.fingerprint.startswith("sha256:"):
             digest = self.fingerprint[len("sha256:") :]

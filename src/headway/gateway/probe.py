@@ -5,7 +5,11 @@ A probe sends one fixed greedy prompt (``temperature: 0``, a few tokens) to
 ``/v1/completions`` and judges the answer against the expected *fingerprint* of the model
 revision: the completion text, ``sha256:HEX`` of it, or ``token_ids:PROMPT/OUTPUT`` (the
 prompt's and the answer's token ids, which vLLM returns with ``return_token_ids``: they
-tell a changed tokenizer or weights apart even where the detokenized text would agree).
+tell a changed tokenizer or weights apart even where the detokenized text would agree),
+optionally with a logprob checksum, ``token_ids:PROMPT/OUTPUT;logprob_sum:X`` (the sum
+of the greedy tokens' log-probabilities, asked with ``logprobs: 1``, equal within
+``LOGPROB_SUM_TOLERANCE`` or an explicit ``~T``: a changed dtype or kernel moves the
+logits before it changes a greedy token).
 The verdicts keep "busy" apart from "wrong":
 
 * ``pass``: a complete answer equal to the fingerprint;
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ __all__ = [
     "fingerprint_digest",
     "judge",
     "label_value",
+    "logprob_checksum",
     "metric_samples",
     "parse_engine_metrics",
     "probe_session",
@@ -56,6 +62,13 @@ recorded for it)."""
 
 TOKEN_IDS_PREFIX: Final = "token_ids:"
 """The prefix of a fingerprint of token ids (see :func:`token_ids_fingerprint`)."""
+
+LOGPROB_SUM: Final = ";logprob_sum:"
+"""Where a token-id fingerprint's logprob checksum starts."""
+
+LOGPROB_SUM_TOLERANCE: Final = 0.05
+"""How far the greedy tokens' logprob sum may drift and still pass (nats, over the
+probe's few tokens: batch-dependent kernels move a logprob by ~1e-3)."""
 
 FINGERPRINT_MISMATCH: Final = "fingerprint mismatch"
 """The reason of a complete answer that differs from the expected fingerprint."""
@@ -83,14 +96,42 @@ def fingerprint_digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def token_ids_fingerprint(prompt_token_ids: list[int], token_ids: list[int]) -> str:
-    """``token_ids:P1,P2,.../O1,O2,...``: the probe prompt's and the answer's token ids."""
-    return (
+def token_ids_fingerprint(
+    prompt_token_ids: list[int], token_ids: list[int], logprobs: list[float] | None = None
+) -> str:
+    """``token_ids:P1,P2,.../O1,O2,...``: the probe prompt's and the answer's token ids;
+    with ``logprobs`` (the answer's ``logprobs.token_logprobs``), ``;logprob_sum:X`` after."""
+    ids = (
         TOKEN_IDS_PREFIX
         + ",".join(map(str, prompt_token_ids))
         + "/"
         + ",".join(map(str, token_ids))
     )
+    return ids if logprobs is None else f"{ids}{LOGPROB_SUM}{sum(logprobs):.6f}"
+
+
+def logprob_checksum(expected: str) -> tuple[str, float, float] | None:
+    """A token-id fingerprint split as (its ids part, the logprob sum, the tolerance);
+    None without a checksum. Raises ValueError for a malformed one."""
+    ids, sep, rest = expected.partition(LOGPROB_SUM)
+    if not sep:
+        return None
+    total, tilde, tolerance = rest.partition("~")
+    value, allowed = float(total), float(tolerance) if tilde else LOGPROB_SUM_TOLERANCE
+    if not (math.isfinite(value) and math.isfinite(allowed) and allowed >= 0):
+        raise ValueError(f"logprob_sum {rest!r} is not a finite number (~ a tolerance >= 0)")
+    return ids, value, allowed
+
+
+def _logprob_sum(choice: dict[str, object]) -> float:
+    """The answer's greedy logprob sum (``logprobs.token_logprobs``, completions API)."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("token_logprobs"), list):
+        raise KeyError("logprobs.token_logprobs (the engine ignores logprobs: 1)")
+    values = logprobs["token_logprobs"]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise TypeError("token_logprobs are not numbers")
+    return float(sum(values))
 
 
 def _matches(expected: str, text: str) -> bool:
@@ -145,6 +186,27 @@ def judge(status: int, body: bytes, expected: str) -> ProbeResult:
             "wrong",
             "malformed probe answer",
             f"{type(error).__name__}: {error}; body {_snippet(body.decode('utf-8', 'replace'))}",
+        )
+    checksum = logprob_checksum(expected) if expected.startswith(TOKEN_IDS_PREFIX) else None
+    if checksum is not None:
+        ids, total, tolerance = checksum
+        if text != ids:
+            return ProbeResult(
+                "wrong", FINGERPRINT_MISMATCH, f"expected {_snippet(ids)}, got {_snippet(text)}"
+            )
+        try:
+            got = _logprob_sum(doc["choices"][0])
+        except (KeyError, TypeError) as error:
+            return ProbeResult(
+                "wrong", "malformed probe answer", f"{type(error).__name__}: {error}"
+            )
+        if abs(got - total) <= tolerance:
+            return ProbeResult("pass")
+        return ProbeResult(
+            "wrong",
+            FINGERPRINT_MISMATCH,
+            f"token ids equal, logprob sum {got:.6f} vs {total:.6f} (tolerance {tolerance:g}): "
+            "inspect the numerical format (dtype, quantisation, kernels)",
         )
     if _matches(expected, text):
         return ProbeResult("pass")
@@ -208,6 +270,8 @@ async def run_probe(
     }
     if expected.startswith(TOKEN_IDS_PREFIX):
         payload["return_token_ids"] = True
+        if LOGPROB_SUM in expected:
+            payload["logprobs"] = 1
     started = time.perf_counter()
     lane = _Lane()
     try:

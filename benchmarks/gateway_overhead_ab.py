@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from old_source import export_src  # benchmarks/old_source.py, beside this script
+from support.old_source import export_src  # benchmarks/support/: helpers, not benchmarks
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("cpu_ms_per_request", "cpu_us_per_chunk")

@@ -42,7 +42,7 @@ from types import ModuleType
 from typing import Any
 
 from headway.metrics_catalog import EMULATOR, FINISHED_REASONS, Metrics, gateway_specs
-from old_source import export_src  # benchmarks/old_source.py, beside this script
+from support.old_source import export_src  # benchmarks/support/: helpers, not benchmarks
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_US = 20.0

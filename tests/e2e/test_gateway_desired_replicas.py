@@ -12,7 +12,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from headway.drill.observe import Metrics
+from gateway_calls import complete, metrics
 from headway.emulate.process import EmulatorProcess
 from headway.gateway.process import GatewayProcess
 from headway.metrics_catalog import DESIRED_REPLICAS_METRIC
@@ -22,19 +22,7 @@ ADMIN = "admin-secret"
 
 
 def _desired(url: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        return Metrics(resp.read().decode()).total(DESIRED_REPLICAS_METRIC, pool="default")
-
-
-def _post(url: str) -> int:
-    body = {"model": "llama-3-8b", "prompt": "queues", "max_tokens": 48, "ignore_eos": True}
-    request = urllib.request.Request(
-        f"{url}/v1/completions", json.dumps(body).encode(),
-        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        resp.read()
-        return int(resp.status)
+    return metrics(url).total(DESIRED_REPLICAS_METRIC, pool="default")
 
 
 def test_the_desired_replica_count_appears_and_rises_under_load() -> None:
@@ -71,7 +59,7 @@ def test_the_desired_replica_count_appears_and_rises_under_load() -> None:
         watcher.start()
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
-            codes = list(pool.map(lambda _: _post(gateway.url), range(48)))
+            codes = list(pool.map(lambda _: complete(gateway.url, KEY, 48), range(48)))
         stop.set()
         watcher.join()
         loaded_s = time.monotonic() - started

@@ -6,35 +6,16 @@ gauge's sampling."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway_calls import complete, metrics
 from headway.core.metrics import little_from_counters, sampled_area
-from headway.drill.observe import Metrics
 from headway.emulate.process import EmulatorProcess
 from headway.gateway.process import GatewayProcess
 
 KEY = "key-acme"
-
-
-def _metrics(url: str) -> Metrics:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        return Metrics(resp.read().decode())
-
-
-def _post(url: str, max_tokens: int) -> int:
-    body = {"model": "llama-3-8b", "prompt": "queues", "max_tokens": max_tokens,
-            "ignore_eos": True}  # fmt: skip
-    request = urllib.request.Request(
-        f"{url}/v1/completions", json.dumps(body).encode(),
-        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        resp.read()
-        return int(resp.status)
 
 
 def test_the_gateways_own_counters_satisfy_littles_law() -> None:
@@ -43,7 +24,7 @@ def test_the_gateways_own_counters_satisfy_littles_law() -> None:
         EmulatorProcess(["--speedup", "4", "--model", "llama-3-8b"]) as emulator,
         GatewayProcess({"upstreams": [{"url": emulator.url}], **config}) as gateway,
     ):
-        before = _metrics(gateway.url)
+        before = metrics(gateway.url)
         start = time.monotonic()
         samples: list[tuple[float, float]] = []
         stop = threading.Event()
@@ -51,17 +32,19 @@ def test_the_gateways_own_counters_satisfy_littles_law() -> None:
         def sample() -> None:
             while not stop.is_set():
                 at = time.monotonic() - start
-                n = _metrics(gateway.url).total("headway_gateway_requests_in_system")
+                n = metrics(gateway.url).total("headway_gateway_requests_in_system")
                 samples.append((at, n))
                 stop.wait(0.02)
 
         sampler = threading.Thread(target=sample)
         sampler.start()
         with ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(lambda i: _post(gateway.url, 20 + 10 * (i % 5)), range(48)))
+            codes = list(
+                pool.map(lambda i: complete(gateway.url, KEY, 20 + 10 * (i % 5)), range(48))
+            )
         stop.set()
         sampler.join()
-        after = _metrics(gateway.url)
+        after = metrics(gateway.url)
         window_s = time.monotonic() - start
     assert set(codes) == {200}
     assert after.total("headway_gateway_requests_in_system") == 0

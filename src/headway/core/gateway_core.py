@@ -360,10 +360,11 @@ class GatewayCore:
     def lane_slots(self, now: float, route: str | None) -> int:
         """Dispatch slots of the ready upstreams that serve ``route``, times its strict
         share where it has one (rounded down)."""
-        ups = self.source.upstreams()
-        return self._shared(
-            route, sum(u.slots for u in ups if u.ready_at(now) and _serves(u, route))
-        )
+        return self._shared(route, sum(u.slots for u in self.ready_for(now, route)))
+
+    def ready_for(self, now: float, route: str | None) -> list[UpstreamState]:
+        """The upstreams routable at ``now`` that serve ``route``."""
+        return [u for u in self.source.upstreams() if u.ready_at(now) and _serves(u, route)]
 
     def _shared(self, route: str | None, slots: int) -> int:
         """``slots`` times ``route``'s strict share, if it has one."""
@@ -389,7 +390,7 @@ class GatewayCore:
         (a queued lease): only where its projected KV blocks are unpromised, or nothing
         is dispatched (so a request larger than a whole pool still runs)."""
         ups = self.source.upstreams()
-        avoid = self._avoided_releases(now, lease, ups)
+        avoid = self._avoided_releases(now, lease)
         loads = [
             ReplicaLoad(
                 outstanding_requests=u.outstanding_requests,
@@ -414,17 +415,13 @@ class GatewayCore:
         )
         return self.router.route(now, request, loads)
 
-    def _avoided_releases(
-        self, now: float, lease: Lease, ups: Sequence[UpstreamState]
-    ) -> frozenset[str]:
+    def _avoided_releases(self, now: float, lease: Lease) -> frozenset[str]:
         """The releases ``lease`` avoids: the routed-back ones, unless it is pinned to a
         revision or no ready upstream of its route serves another release."""
         avoid = self.releases.avoided(now)
         if not avoid or lease.revision is not None:
             return frozenset()
-        if any(
-            u.ready_at(now) and _serves(u, lease.route) and u.revision not in avoid for u in ups
-        ):
+        if any(u.revision not in avoid for u in self.ready_for(now, lease.route)):
             return avoid
         return frozenset()
 
@@ -463,7 +460,7 @@ class GatewayCore:
     ) -> LoadSnapshot:
         """The load admission reads for ``request`` (bound for ``route``) at ``now``."""
         ups = self.source.upstreams()
-        ready = [u for u in ups if u.ready_at(now) and _serves(u, route)]
+        ready = self.ready_for(now, route)
         total = self._shared(route, sum(u.slots for u in ready))
         lane = self.lane(route)
         if total > lane.config.reserved_slots(total):

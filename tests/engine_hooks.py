@@ -270,7 +270,7 @@ def kill(directory: Path, engine: int, wait_s: float = 30.0) -> None:
                     f"{bool(_listen_inodes(port)) or _listening(url)}; still there: "
                     f"{_describe(left, procs) or 'no process found on the port'}"
                 )
-            time.sleep(0.1)  # each round reads /proc: gentle on a loaded host
+            time.sleep(0.25)  # a round reads /proc (~50 ms with two vLLMs up): gentle
         if not killed:
             raise SystemExit(f"engine {engine}: nothing to kill: pid {recorded} is not "
                              f"running and nothing listens on {url}")  # fmt: skip

@@ -610,7 +610,7 @@ def test_kill_decode_drill_against_the_replicas(
     replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """`headway drill kill-decode`'s checks through hooks (the drill's `--target`/`--hooks`
-    mode): the hook SIGKILLs the seed-1 replica's process group mid-decode and starts
+    mode): the hook SIGKILLs every process of the seed-1 replica mid-decode and starts
     vLLM again on its port; streams under way there are cut (at most its 4 slots), other
     calls are served, nothing is lost, no 5xx, and the restarted replica passes its
     token-id fingerprint probe and is back in rotation. Last in the module: the replica

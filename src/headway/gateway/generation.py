@@ -278,13 +278,8 @@ def mode_changes(controller: Controller, changes: Labelled[Counter]) -> None:
     for change in controller.core.modes.changes():
         to = "on" if change.on else "off"
         changes(change.mode, to).inc()
-        log.log(
-            logging.WARNING if change.on else logging.INFO,
-            "degraded mode %r turned %s (%s)",
-            change.mode,
-            to,
-            change.cause,
-        )
+        # WARNING both ways: a host that configured no logging still sees it (stderr).
+        log.warning("degraded mode %r turned %s (%s)", change.mode, to, change.cause)
 
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -12,7 +12,8 @@ body to match, as pure functions of the bytes:
   messages, never the last one; ``prompt_head`` cuts the head of that text instead,
   keeping its end. A completion's ``prompt`` string loses its head under either rule, a
   list of token ids keeps its last ``context_tokens`` ids; a batch of prompts is left as
-  sent. What the rule cannot drop (system messages, the last message) stays.
+  sent. What the rule cannot drop (system messages, the last message) stays; a prompt the
+  rule could not shorten is not said to be trimmed.
 
 The body is decoded, changed and re-encoded (the rare path, as for a fallback's
 ``model``): every other member, ``cache_salt`` included, is kept in its place.
@@ -20,6 +21,7 @@ The body is decoded, changed and re-encoded (the rare path, as for a fallback's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -95,30 +97,35 @@ def trimmed_prompt(
     *,
     kind: str,
     bytes_per_token: float,
-) -> None:
+) -> bool:
     """Trim the prompt of ``data`` (``kind`` ``chat`` or ``completion``) until its estimate
-    fits ``context_tokens`` (module docstring)."""
+    fits ``context_tokens`` (module docstring); False when the rule could not shorten it."""
     limit_bytes = math.floor(context_tokens * bytes_per_token)
+    field = "messages" if kind == "chat" else "prompt"
+    before = msgspec.json.encode(data.get(field))
     if kind == "chat":
         _trim_chat(data, limit_bytes, trim)
     else:
         _trim_completion(data, limit_bytes, context_tokens)
+    return msgspec.json.encode(data.get(field)) != before
 
 
 def degraded_body(
     raw: bytes, degradation: Degradation, *, kind: str, bytes_per_token: float
-) -> bytes:
+) -> tuple[bytes, Degradation]:
     """``raw`` (a checked request body, before the gateway's ``cache_salt``) as the
-    degraded mode serves it: its output capped, its prompt trimmed (module docstring)."""
+    degraded mode serves it: its output capped, its prompt trimmed (module docstring); and
+    what was applied (``context_tokens`` None when the rule could not shorten the prompt:
+    the header and the metrics say only what changed)."""
     data = msgspec.json.decode(raw)
     if degradation.max_tokens is not None:
         capped_output(data, degradation.max_tokens)
-    if degradation.context_tokens is not None:
-        trimmed_prompt(
-            data,
-            degradation.context_tokens,
-            degradation.trim,
-            kind=kind,
-            bytes_per_token=bytes_per_token,
-        )
-    return msgspec.json.encode(data)
+    if degradation.context_tokens is not None and not trimmed_prompt(
+        data,
+        degradation.context_tokens,
+        degradation.trim,
+        kind=kind,
+        bytes_per_token=bytes_per_token,
+    ):
+        degradation = dataclasses.replace(degradation, context_tokens=None)
+    return msgspec.json.encode(data), degradation

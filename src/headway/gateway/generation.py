@@ -152,18 +152,23 @@ class Generation(UpstreamRelay, ReceiptDesk):
         ctl.retries.record_request(ctl.now())
         degraded, how = ctl.degrade(admission, optional=parsed.optional)
         mode_changes(ctl, self.m_mode_changes)
-        if how is not None:  # never silently: the answer, the log line and the metrics say
+        if isinstance(degraded, Shed):  # never silently: the answer, log and metrics say
+            assert how is not None
             request[_DEGRADED] = record.degraded = how.header()
-            if isinstance(degraded, Shed):
-                self.m_degraded(parsed.band, how.mode, "optional_shed").inc()
-                deferred = await self._deferred_response(
-                    degraded, parsed, raw, path, record, request
-                )
-                return deferred or self._shed_response(degraded, record)
-            admission = degraded
-            parsed.raw = degraded_body(
+            self.m_degraded(parsed.band, how.mode, "optional_shed").inc()
+            deferred = await self._deferred_response(degraded, parsed, raw, path, record, request)
+            return deferred or self._shed_response(degraded, record)
+        if how is not None:
+            asked = how
+            parsed.raw, how = degraded_body(
                 parsed.raw, how, kind=kind, bytes_per_token=self.config.prompt_bytes_per_token
             )
+            if asked.context_tokens is not None and how.context_tokens is None:
+                # The rule could not shorten it: admission weighs the prompt as sent.
+                degraded = dataclasses.replace(degraded, prompt_tokens=admission.prompt_tokens)
+            admission = degraded
+        if how is not None and (how.max_tokens is not None or how.context_tokens is not None):
+            request[_DEGRADED] = record.degraded = how.header()
             if how.max_tokens is not None:
                 self.m_degraded(parsed.band, how.mode, "max_tokens").inc()
             if how.context_tokens is not None:

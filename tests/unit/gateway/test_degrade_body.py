@@ -15,8 +15,12 @@ from headway.gateway.guards import salted_body
 
 
 def _run(body: dict[str, Any], how: Degradation, kind: str = "chat") -> dict[str, Any]:
-    out = degraded_body(json.dumps(body).encode(), how, kind=kind, bytes_per_token=4.0)
-    return json.loads(out)
+    out, applied = degraded_body(json.dumps(body).encode(), how, kind=kind, bytes_per_token=4.0)
+    data = json.loads(out)
+    trimmed = data.get("messages", data.get("prompt")) != body.get("messages", body.get("prompt"))
+    assert (applied.context_tokens is not None) == trimmed  # it says what it changed
+    assert applied.max_tokens == how.max_tokens
+    return dict(data)
 
 
 def _turns(n: int, size: int = 200) -> list[dict[str, str]]:
@@ -68,6 +72,12 @@ def test_oldest_turns_keeps_system_messages_and_the_last_even_over_the_limit() -
     out = _run({"model": "m", "messages": messages},
                Degradation("brief", context_tokens=50))  # fmt: skip
     assert out["messages"] == [messages[0], messages[-1]]
+    # Nothing left to drop: said untrimmed, not trimmed.
+    again, applied = degraded_body(json.dumps(out).encode(),
+                                   Degradation("brief", context_tokens=50), kind="chat",
+                                   bytes_per_token=4.0)  # fmt: skip
+    assert applied.context_tokens is None
+    assert json.loads(again)["messages"] == [messages[0], messages[-1]]
 
 
 def test_prompt_head_cuts_the_oldest_text_keeping_its_end() -> None:
@@ -111,7 +121,8 @@ def test_a_salted_body_keeps_its_salt_first_and_unicode_survives() -> None:
         "max_tokens": 99}, ensure_ascii=False).encode()  # fmt: skip
     salted = salted_body(raw, b"abc123")
     how = Degradation("brief", max_tokens=16, asked_max_tokens=99, context_tokens=20)
-    out = degraded_body(salted, how, kind="chat", bytes_per_token=4.0)
+    out, applied = degraded_body(salted, how, kind="chat", bytes_per_token=4.0)
+    assert applied == how
     data = json.loads(out)
     assert next(iter(data)) == "cache_salt" and data["cache_salt"] == "abc123"
     assert data["messages"] == [{"role": "user", "content": "🙂 last"}]

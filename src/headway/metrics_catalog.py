@@ -257,6 +257,16 @@ GATEWAY: tuple[MetricSpec, ...] = (
            "Requests dispatched to each upstream.", "upstream"),
     _gauge("headway_gateway_release_routed_back",
            "1 while unpinned calls avoid the release (routed back).", "revision"),
+    _counter("headway_gateway_degraded_requests_total",
+             "Requests a degraded mode changed at arrival, by band, mode and change "
+             "(max_tokens: output capped, context: prompt trimmed, optional_shed: shed as "
+             "optional); a request capped and trimmed counts in both.",
+             "band", "mode", "change"),
+    _gauge("headway_gateway_degraded_mode_active", "1 while the degraded mode is on.",
+           "mode"),
+    _counter("headway_gateway_degraded_mode_changes_total",
+             "Times a degraded mode turned on or off (to), by pressure or the admin API.",
+             "mode", "to"),
 )  # fmt: skip
 """The gateway's metrics, with or without a pool."""
 

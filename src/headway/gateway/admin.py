@@ -1,10 +1,12 @@
 """The gateway's admin API: ``GET /admin/state``, ``POST /admin/drain``, ``POST
-/admin/reload``.
+/admin/reload``, ``GET /admin/degraded`` and ``POST /admin/degraded/{mode}``.
 
 Every admin route needs ``Authorization: Bearer ADMIN_TOKEN`` (the config's
 ``admin_token``; without one the API is off, 403). Drain stops (or resumes) routing to
 one upstream while its in-flight requests finish; reload re-reads the config file and
-swaps it in without dropping a request (:meth:`AdminAPI.apply_config`). The bodies are
+swaps it in without dropping a request (:meth:`AdminAPI.apply_config`); the degraded
+routes read the modes' states and force one on or off, or hand it back to its pressure
+thresholds (the core's :meth:`~headway.core.policy.degraded.DegradedModes.force`). The bodies are
 strictly typed: a wrong type or an unknown field is a 400 naming it. :class:`AdminAPI`
 is a mixin of :class:`~headway.gateway.server.GatewayServer`.
 """
@@ -12,7 +14,7 @@ is a mixin of :class:`~headway.gateway.server.GatewayServer`.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
 from aiohttp import web
@@ -21,16 +23,21 @@ from headway.core.errors import ConfigError
 from headway.core.policy.deadlines import DeadlineConfig, DeadlinePolicy
 from headway.gateway.config import GatewayFileConfig, load_config
 from headway.gateway.control import UpstreamState
+from headway.gateway.generation import mode_changes
 from headway.gateway.guards import error_response
 from headway.gateway.request_body import ClientError, bearer
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from prometheus_client import Counter
+
+    from headway.core.policy.degraded import Forced
     from headway.gateway.control import Controller
     from headway.gateway.pooled import PoolSource
     from headway.gateway.receipts import ReceiptRunner
     from headway.gateway.shared import SharedBudgets
+    from headway.metrics_catalog import Labelled
 
 __all__ = ["AdminAPI"]
 
@@ -45,6 +52,7 @@ class AdminAPI:
     shared: SharedBudgets | None
     receipts: ReceiptRunner | None
     deadlines: DeadlinePolicy
+    m_mode_changes: Labelled[Counter]
 
     def _admin(self, request: web.Request) -> web.Response | None:
         token = self.config.admin_token
@@ -75,6 +83,50 @@ class AdminAPI:
         return web.json_response(
             {"upstreams": ups, "running": ctl.running, "queued": ctl.core.queued_requests()}
         )
+
+    def _modes_state(self) -> dict[str, dict[str, Any]]:
+        """Each degraded mode's state: on, forced (on, off or auto), since_s (seconds in
+        its current state; null: never changed), served (requests it changed)."""
+        now = self.controller.now()
+        out: dict[str, dict[str, Any]] = {}
+        for name, state in self.controller.core.modes.states.items():
+            changed = state.on or state.since_s > 0.0
+            out[name] = {
+                "on": state.on,
+                "forced": state.forced,
+                "since_s": round(now - state.since_s, 3) if changed else None,
+                "served": state.served,
+                "bands": list(self.config.degraded.modes[name].bands),
+            }
+        return out
+
+    async def _admin_degraded(self, request: web.Request) -> web.Response:
+        """Every degraded mode's state (:meth:`_modes_state`)."""
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
+        return web.json_response({"modes": self._modes_state()})
+
+    async def _admin_degraded_set(self, request: web.Request) -> web.Response:
+        """``{"state": "on"|"off"|"auto"}``: force the mode on or off until told ``auto``
+        (then its thresholds decide); the change is logged and counted."""
+        refused = self._admin(request)
+        if refused is not None:
+            return refused
+        name = request.match_info["mode"]
+        modes = self.controller.core.modes
+        if name not in modes.states:
+            declared = ", ".join(sorted(modes.states)) or "(none: declare degraded.modes)"
+            return ClientError(
+                404, f"no degraded mode {name[:60]!r}; use one of {declared}", param="mode"
+            ).response()
+        try:
+            forced = _degraded_body(await request.read())
+        except ClientError as error:
+            return error.response()
+        modes.force(self.controller.now(), name, forced)
+        mode_changes(self.controller, self.m_mode_changes)
+        return web.json_response({"mode": name, **self._modes_state()[name]})
 
     async def _admin_drain(self, request: web.Request) -> web.Response:
         """``{"upstream": URL, "drain": true}``: stop (or resume) routing to it; its
@@ -171,6 +223,41 @@ class AdminAPI:
         )
         ctl.pump()
         return {"reloaded": True, "added_upstreams": added, "needs_restart": restart}
+
+
+_DEGRADED_SHAPE: Final = 'send {"state": "on"|"off"|"auto"}'
+_FORCED: Final = ("on", "off", "auto")
+
+
+def _shown(value: object) -> str:
+    return msgspec.json.encode(value).decode()[:80]
+
+
+def _degraded_body(raw: bytes) -> Forced:
+    """``/admin/degraded/{mode}``'s body: ``state`` one of on, off, auto; anything else
+    is a 400 naming the field, the value and the fix."""
+    try:
+        data = msgspec.json.decode(raw) if raw.strip() else None
+    except (msgspec.DecodeError, RecursionError):
+        raise ClientError(400, f"the body is not JSON; {_DEGRADED_SHAPE}") from None
+    if not isinstance(data, dict):
+        raise ClientError(
+            400, f"the body must be a JSON object (got {_shown(data)}); {_DEGRADED_SHAPE}"
+        )
+    unknown = sorted(set(data) - {"state"})
+    if unknown:
+        raise ClientError(
+            400, f"unknown field `{unknown[0][:40]}`; {_DEGRADED_SHAPE}", param=unknown[0][:40]
+        )
+    state = data.get("state")
+    if state not in _FORCED:
+        raise ClientError(
+            400,
+            f'`state` must be "on", "off" or "auto" (got {_shown(state)}): on or off '
+            "forces the mode, auto hands it back to its thresholds",
+            param="state",
+        )
+    return cast("Forced", state)
 
 
 _DRAIN_SHAPE: Final = 'send {"upstream": "http://HOST:PORT", "drain": true|false}'

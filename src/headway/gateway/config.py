@@ -18,6 +18,7 @@ from headway.core.policy.admission import AdmissionConfig, TenantLimits
 from headway.core.policy.autoscaler import AutoscalerConfig
 from headway.core.policy.budgets import share_budgets
 from headway.core.policy.deferral import DeferralConfig
+from headway.core.policy.degraded import DegradedConfig
 from headway.core.policy.fallback import FallbackConfig
 from headway.core.policy.queues import BANDS, QueueConfig
 from headway.core.policy.releases import ReleaseGuardConfig
@@ -208,6 +209,14 @@ class GatewayFileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     :class:`~headway.core.policy.releases.ReleaseGuardConfig`): when the upstreams of one
     ``revision`` answer with errors or latency that spike against another revision's,
     unpinned calls avoid them for ``hold_s`` (an event in the log, a metric)."""
+
+    degraded: DegradedConfig = DegradedConfig()
+    """Degraded modes by band (the core's :class:`~headway.core.policy.degraded.DegradedConfig`:
+    ``modes.<name>`` with ``bands``, ``max_tokens``, ``context_tokens``, ``trim``,
+    ``shed_optional``, ``enter``/``leave`` thresholds and ``min_on_s``): while a mode is on,
+    its bands' requests are served shorter (``x-headway-degraded`` says how) or, marked
+    ``x-headway-optional: true``, shed. Entered and left on the thresholds or by
+    ``POST /admin/degraded/{mode}``; a reload keeps each mode's state. Empty: none."""
 
     receipts: ReceiptsConfig | None = None
     """Asynchronous receipts for deferrable bands (:class:`ReceiptsConfig`; None: every

@@ -41,6 +41,7 @@ from headway.core.gateway_core import (
 from headway.core.policy.admission import AdmissionPolicy, AdmissionRequest, LoadSnapshot
 from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
+from headway.core.policy.degraded import Degradation
 from headway.core.policy.fallback import NoFallback
 from headway.core.policy.queues import PriorityQueues
 from headway.core.policy.releases import ReleaseChange
@@ -105,6 +106,7 @@ def core_settings(config: GatewayFileConfig) -> CoreSettings:
         measure_speeds=config.measure_speeds,
         kv_blocks_per_upstream=config.kv_blocks_per_upstream,
         release_guard=config.release_guard,
+        degraded=config.degraded,
     )
 
 
@@ -271,6 +273,14 @@ class Controller:
         :meth:`ready`)."""
         now = self.now()
         return self._track(now, request, route, self.core.offer(now, request, revision, route))
+
+    def degrade(
+        self, request: AdmissionRequest, *, optional: bool = False
+    ) -> tuple[AdmissionRequest | Shed, Degradation | None]:
+        """The degraded mode of ``request``'s band applied now (see the core): the request
+        to offer, or the shed of an optional one; and what changed. The caller logs
+        ``core.modes.changes()``."""
+        return self.core.degrade(self.now(), request, optional=optional)
 
     def offer_on_route(
         self, request: AdmissionRequest, route: str | None, revision: str | None = None

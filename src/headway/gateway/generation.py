@@ -5,7 +5,10 @@ Per request: read the body (at most ``MAX_BODY_BYTES``), parse it
 admission (prompt tokens estimated as body bytes / ``prompt_bytes_per_token``), take a
 fallback route when the core allows one (a shed of a deferrable band becomes a receipt,
 :mod:`~headway.gateway.receipts`), wait in line or go at once, and relay
-(:class:`~headway.gateway.relay.UpstreamRelay`) under the request's deadline. Every
+(:class:`~headway.gateway.relay.UpstreamRelay`) under the request's deadline. Before the
+offer, the core's degraded mode of the request's band, when on, caps its output and trims
+its prompt (the body rewritten, :mod:`~headway.gateway.degrade_body`; the answer carries
+``x-headway-degraded``) or sheds it when it is marked optional. Every
 outcome ends in ``finally``: the lifecycle's last event, the tenant's charge for what an
 engine did, the completion and goodput counters, the span and the access-log line.
 :class:`Generation` is a mixin of :class:`~headway.gateway.server.GatewayServer`.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 import time
 from typing import TYPE_CHECKING, Final
@@ -26,6 +30,7 @@ from headway.core.policy.admission import AdmissionRequest
 from headway.core.policy.charges import Phase, unseen_output_tokens
 from headway.core.policy.deadlines import Deadline
 from headway.core.policy.decisions import Shed
+from headway.gateway.degrade_body import degraded_body
 from headway.gateway.guards import MAX_BODY_BYTES, CacheSalts, salted_body, too_large_response
 from headway.gateway.ops import RequestRecord, finish, next_request_id
 from headway.gateway.receipts import ReceiptDesk
@@ -38,11 +43,18 @@ if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
 
     from headway.core.policy.deadlines import DeadlinePolicy
+    from headway.gateway.control import Controller
     from headway.metrics_catalog import Labelled
 
-__all__ = ["ROUTE_HEADER", "Generation", "echo_request_id"]
+__all__ = ["DEGRADED_HEADER", "ROUTE_HEADER", "Generation", "echo_request_id", "mode_changes"]
+
+log = logging.getLogger("headway.gateway")
 
 ROUTE_HEADER: Final = "x-headway-route"
+DEGRADED_HEADER: Final = "x-headway-degraded"
+"""On every answer a degraded mode changed: the mode and what changed
+(:meth:`~headway.core.policy.degraded.Degradation.header`)."""
+_DEGRADED: Final = web.RequestKey("degraded", str)
 _REQUEST_ID: Final = web.RequestKey("request_id", str)
 _ROUTE: Final = web.RequestKey("route", str)
 _OFFERED_AT: Final = web.RequestKey("offered_at", float)
@@ -66,6 +78,8 @@ class Generation(UpstreamRelay, ReceiptDesk):
     m_tokens: Labelled[Counter]
     m_good: Labelled[Counter]
     m_client_errors: Labelled[Counter]
+    m_degraded: Labelled[Counter]
+    m_mode_changes: Labelled[Counter]
     m_duration: Histogram
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -112,10 +126,6 @@ class Generation(UpstreamRelay, ReceiptDesk):
         except ClientError as error:
             self.m_client_errors(str(error.status)).inc()
             return error.response()
-        if parsed.tenant is not None and self.config.tenant_cache_salt:
-            if self.salts.configured != self.config.cache_salt_key:  # a reload changed it
-                self.salts = CacheSalts(self.config.cache_salt_key)
-            parsed.raw = salted_body(raw, self.salts.salt(parsed.tenant_name))
         body = parsed.body
         ctl = self.controller
         self.m_offered(parsed.tenant_name).inc()
@@ -140,6 +150,33 @@ class Generation(UpstreamRelay, ReceiptDesk):
             ticket=parsed.ticket,
         )
         ctl.retries.record_request(ctl.now())
+        degraded, how = ctl.degrade(admission, optional=parsed.optional)
+        mode_changes(ctl, self.m_mode_changes)
+        if isinstance(degraded, Shed):  # never silently: the answer, log and metrics say
+            assert how is not None
+            request[_DEGRADED] = record.degraded = how.header()
+            self.m_degraded(parsed.band, how.mode, "optional_shed").inc()
+            deferred = await self._deferred_response(degraded, parsed, raw, path, record, request)
+            return deferred or self._shed_response(degraded, record)
+        if how is not None:
+            asked = how
+            parsed.raw, how = degraded_body(
+                parsed.raw, how, kind=kind, bytes_per_token=self.config.prompt_bytes_per_token
+            )
+            if asked.context_tokens is not None and how.context_tokens is None:
+                # The rule could not shorten it: admission weighs the prompt as sent.
+                degraded = dataclasses.replace(degraded, prompt_tokens=admission.prompt_tokens)
+            admission = degraded
+        if how is not None and (how.max_tokens is not None or how.context_tokens is not None):
+            request[_DEGRADED] = record.degraded = how.header()
+            if how.max_tokens is not None:
+                self.m_degraded(parsed.band, how.mode, "max_tokens").inc()
+            if how.context_tokens is not None:
+                self.m_degraded(parsed.band, how.mode, "context").inc()
+        if parsed.tenant is not None and self.config.tenant_cache_salt:
+            if self.salts.configured != self.config.cache_salt_key:  # a reload changed it
+                self.salts = CacheSalts(self.config.cache_salt_key)
+            parsed.raw = salted_body(parsed.raw, self.salts.salt(parsed.tenant_name))
         record.tokens_in = admission.prompt_tokens
         route = body.model if body.model in self.config.routes else None
         chosen, got = ctl.offer_on_route(admission, route, revision=parsed.revision)
@@ -240,13 +277,27 @@ class Generation(UpstreamRelay, ReceiptDesk):
         return await deadline_exceeded(request.get(STREAM), message)
 
 
+def mode_changes(controller: Controller, changes: Labelled[Counter]) -> None:
+    """Log and count the degraded modes the core turned on or off since the last call
+    (after each degrade and each admin action: a mode never changes silently)."""
+    for change in controller.core.modes.changes():
+        to = "on" if change.on else "off"
+        changes(change.mode, to).inc()
+        # WARNING both ways: a host that configured no logging still sees it (stderr).
+        log.warning("degraded mode %r turned %s (%s)", change.mode, to, change.cause)
+
+
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """Every answer to a generate request carries its ``x-request-id`` (the client's, or
     the one the gateway gave it; the upstream gets the same), to find it in logs and spans,
-    and ``x-headway-route`` when a fallback route served it."""
+    ``x-headway-route`` when a fallback route served it and ``x-headway-degraded`` when a
+    degraded mode changed it."""
     request_id = request.get(_REQUEST_ID)
     if request_id is not None:
         response.headers["x-request-id"] = request_id
     route = request.get(_ROUTE)
     if route is not None:
         response.headers[ROUTE_HEADER] = route
+    degraded = request.get(_DEGRADED)
+    if degraded is not None:
+        response.headers[DEGRADED_HEADER] = degraded

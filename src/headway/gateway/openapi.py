@@ -49,12 +49,32 @@ _HEADERS: list[dict[str, object]] = [
         "schema": {"type": "string"},
     },
 ]
+_HEADERS += [
+    {
+        "name": name,
+        "in": "header",
+        "required": False,
+        "description": "true marks the request optional (or speculative): a degraded mode "
+        "with shed_optional sheds it (503 degraded_optional)",
+        "schema": {"type": "string", "enum": ["true", "false"]},
+    }
+    for name in ("x-headway-optional", "x-headway-speculative")
+]
+
+_DEGRADED_HEADER: dict[str, object] = {
+    "x-headway-degraded": {
+        "description": "on an answer a degraded mode changed: the mode and what changed, "
+        "e.g. `brief; max_tokens=256 (asked 1024)` or `brief; shed optional`",
+        "schema": {"type": "string"},
+    }
+}
 
 
 def _generation(summary: str, body: dict[str, object]) -> dict[str, object]:
     responses: dict[str, Any] = {
         "200": {
             "description": "the engine's answer (JSON), or its chunks (server-sent events)",
+            "headers": _DEGRADED_HEADER,
             "content": {
                 "application/json": {"schema": {"type": "object"}},
                 "text/event-stream": {"schema": {"type": "string"}},
@@ -74,7 +94,11 @@ def _generation(summary: str, body: dict[str, object]) -> dict[str, object]:
             ("413", "a body over the size limit"),
             ("429", "refused: a queue's or the tenant's limit (Retry-After)"),
             ("502", "the upstream failed and no retry was possible"),
-            ("503", "refused: capacity, deadline, no upstream, draining (Retry-After)"),
+            (
+                "503",
+                "refused: capacity, deadline, no upstream, draining, or optional under "
+                "a degraded mode (degraded_optional) (Retry-After)",
+            ),
             ("504", "the request's deadline passed while an engine served it (cancelled there)"),
         )
     )
@@ -108,7 +132,7 @@ def _admin(method: str, summary: str, body: dict[str, object] | None) -> dict[st
                 ("400", "a malformed body (or config file, on reload)"),
                 ("401", "a wrong or missing admin token (a tenant key is refused)"),
                 ("403", "the admin API is off (admin_token unset)"),
-                ("404", "no such upstream"),
+                ("404", "no such upstream (or degraded mode)"),
                 ("409", "the gateway was not started from a config file"),
             ),
         },
@@ -140,6 +164,11 @@ def openapi_document(models: Sequence[str]) -> dict[str, object]:
         "type": "object",
         "required": ["upstream"],
         "properties": {"upstream": {"type": "string"}, "drain": {"type": "boolean"}},
+    }
+    forced: dict[str, object] = {
+        "type": "object",
+        "required": ["state"],
+        "properties": {"state": {"type": "string", "enum": ["on", "off", "auto"]}},
     }
     return {
         "openapi": "3.0.3",
@@ -194,6 +223,13 @@ def openapi_document(models: Sequence[str]) -> dict[str, object]:
             "/admin/drain": _admin("post", "stop or resume routing to an upstream", drain),
             "/admin/reload": _admin("post", "re-read the config file", None),
             "/admin/state": _admin("get", "upstreams, running slots, queued requests", None),
+            "/admin/degraded": _admin("get", "each degraded mode's state", None),
+            "/admin/degraded/{mode}": {
+                "parameters": [
+                    {"name": "mode", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                **_admin("post", "force a degraded mode on or off, or back to auto", forced),
+            },
         },
         "components": {
             "schemas": {"Error": ERROR_SCHEMA},

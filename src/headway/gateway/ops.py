@@ -59,6 +59,8 @@ class RequestRecord:
     """``admit`` (a slot at once), ``enqueue``, ``shed`` or ``invalid`` (a 4xx)."""
     shed_reason: str | None = None
     retry_after_s: float | None = None
+    degraded: str | None = None
+    """What a degraded mode changed (the ``x-headway-degraded`` header), if any."""
     status: int = 0
     upstream: str | None = None
     revision: str | None = None
@@ -111,6 +113,7 @@ class RequestRecord:
             "admission": self.admission,
             "shed_reason": self.shed_reason,
             "retry_after_s": self.retry_after_s,
+            "degraded": self.degraded,
             "queue_wait_ms": None if wait is None else round(wait * 1000, 3),
             "upstream_ttft_ms": None if ttft is None else round(ttft * 1000, 3),
             "duration_ms": round((now_s - self.arrived_s) * 1000, 3),
@@ -147,9 +150,10 @@ def record_span(tracer: Tracer, record: RequestRecord, now_s: float | None = Non
 
     Attributes: ``headway.tenant``, ``headway.class``, ``headway.route``, ``headway.model``,
     ``headway.revision``, ``headway.upstream``, ``headway.admission.decision``,
-    ``headway.admission.reason``, ``headway.queue_wait_ms``, ``headway.upstream_ttft_ms``,
-    ``headway.stream.chunks``, ``headway.retries``, ``headway.cancelled``,
-    ``http.response.status_code``; events ``admission``, ``dispatch``, ``first_byte``."""
+    ``headway.admission.reason``, ``headway.degraded``, ``headway.queue_wait_ms``,
+    ``headway.upstream_ttft_ms``, ``headway.stream.chunks``, ``headway.retries``,
+    ``headway.cancelled``, ``http.response.status_code``; events ``admission``,
+    ``dispatch``, ``first_byte``."""
     now_mono = time.monotonic() if now_s is None else now_s
     now_ns = time.time_ns()
     span = tracer.start_span("gateway.request", start_time=_ns(record.arrived_s, now_mono, now_ns))
@@ -173,6 +177,7 @@ def record_span(tracer: Tracer, record: RequestRecord, now_s: float | None = Non
         ("headway.revision", record.revision),
         ("headway.admission.reason", record.shed_reason),
         ("headway.retry_after_s", record.retry_after_s),
+        ("headway.degraded", record.degraded),
         ("headway.tokens_in", record.tokens_in),
         ("headway.tokens_out", record.tokens_out),
     )

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANONYMOUS",
     "DEADLINE_HEADER",
+    "OPTIONAL_HEADERS",
     "PRIORITY_HEADER",
     "REVISION_HEADER",
     "TICKET_HEADER",
@@ -44,6 +45,9 @@ PRIORITY_HEADER: Final = "x-headway-priority"
 DEADLINE_HEADER: Final = "x-headway-deadline-ms"
 TICKET_HEADER: Final = "x-headway-retry-ticket"
 REVISION_HEADER: Final = "x-headway-revision"
+OPTIONAL_HEADERS: Final = ("x-headway-optional", "x-headway-speculative")
+"""``true`` marks a request optional (or a speculative attempt): a degraded mode with
+``shed_optional`` sheds it (``degraded_optional``)."""
 ANONYMOUS: Final = "anonymous"
 
 
@@ -89,6 +93,8 @@ class ParsedRequest:
     deadline_s: float | None
     ticket: int | None
     revision: str | None = None
+    optional: bool = False
+    """Marked optional or speculative (:data:`OPTIONAL_HEADERS`)."""
 
 
 def bearer(request: web.Request) -> str | None:
@@ -213,9 +219,23 @@ def parse_request(
                 f"use one of {', '.join(sorted(known)) or '(none declared)'} or omit it",
                 param=REVISION_HEADER,
             )
+    optional = False
+    for header in OPTIONAL_HEADERS:
+        flag_text = headers.get(header)
+        if flag_text is None:
+            continue
+        flag = flag_text.strip().lower()
+        if flag not in ("true", "false"):
+            raise ClientError(
+                400,
+                f"{header} must be true or false (got {flag_text[:40]!r}); send "
+                f"`{header}: true` to mark the request optional, or omit it",
+                param=header,
+            )
+        optional = optional or flag == "true"
     return ParsedRequest(
         tenant, name, body, raw, band, None if deadline is None else deadline.deadline_s,
-        ticket, revision,
+        ticket, revision, optional,
     )  # fmt: skip
 
 

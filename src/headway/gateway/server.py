@@ -3,8 +3,8 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
 ``GET /v1/models``, ``GET /v1/receipts/{id}`` (:mod:`~headway.gateway.receipts`),
 ``GET /health``, ``GET /metrics``, ``GET /openapi.json``, and the
-admin API (``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``; bearer
-``admin_token``).
+admin API (``POST /admin/drain``, ``POST /admin/reload``, ``GET /admin/state``,
+``GET /admin/degraded``, ``POST /admin/degraded/{mode}``; bearer ``admin_token``).
 
 Hot path per request: find the tenant from the bearer key (a dict lookup); decode only
 ``model``, ``stream``, ``max_tokens`` and the presence of ``messages``/``prompt`` with a
@@ -117,6 +117,8 @@ class GatewayServer(AdminAPI, Generation):
         app.router.add_post("/admin/drain", self._admin_drain)
         app.router.add_post("/admin/reload", self._admin_reload)
         app.router.add_get("/admin/state", self._admin_state)
+        app.router.add_get("/admin/degraded", self._admin_degraded)
+        app.router.add_post("/admin/degraded/{mode}", self._admin_degraded_set)
         app.on_response_prepare.append(echo_request_id)
         self.app = app
 
@@ -223,6 +225,8 @@ class GatewayServer(AdminAPI, Generation):
         self.m_fallbacks = metrics.counter_series("headway_gateway_fallbacks_total")
         self.m_upstream_errors = metrics.counter_series("headway_gateway_upstream_errors_total")
         self.m_route_backs = metrics.counter_series("headway_gateway_release_route_backs_total")
+        self.m_degraded = metrics.counter_series("headway_gateway_degraded_requests_total")
+        self.m_mode_changes = metrics.counter_series("headway_gateway_degraded_mode_changes_total")
         self.m_completed = metrics.counter_series("headway_gateway_completed_total")
         self.m_duration = metrics.histogram("headway_gateway_request_duration_seconds")
         self.in_system = 0
@@ -258,8 +262,12 @@ class GatewayServer(AdminAPI, Generation):
             avoided = releases.avoided(ctl.now())
             return [((r,), float(r in avoided)) for r in releases.known()]
 
+        def modes_on() -> list[tuple[tuple[str, ...], float]]:
+            return [((m,), float(st.on)) for m, st in ctl.core.modes.states.items()]
+
         read, value = metrics.read, metrics.read_value
         read("headway_gateway_release_routed_back", routed_back)
+        read("headway_gateway_degraded_mode_active", modes_on)
         read("headway_gateway_queue_depth_requests", depth_band)
         read("headway_gateway_tenant_queue_depth_requests", depth_tenant)
         read("headway_gateway_tenant_dispatched_requests",

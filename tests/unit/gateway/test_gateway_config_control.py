@@ -351,3 +351,46 @@ def test_an_expired_lease_is_refunded_once() -> None:
         ctl.release(first, completed=True)
 
     asyncio.run(scenario())
+
+
+def test_degraded_modes_follow_the_gateways_pressure_and_survive_a_reload() -> None:
+    with pytest.raises(ConfigError, match=r"degraded\.modes.*bands.*'urgent'"):
+        parse_config(_cfg(degraded={"modes": {"brief": {"bands": ["urgent"], "max_tokens": 8}}}))
+    with pytest.raises(ConfigError, match="a mode must change something"):
+        parse_config(_cfg(degraded={"modes": {"brief": {"bands": ["interactive"]}}}))
+    mode = {"bands": ["interactive"], "max_tokens": 8, "shed_optional": True,
+            "enter": {"slot_utilization": 1.0}, "leave": {"slot_utilization": 0.5},
+            "min_on_s": 0}  # fmt: skip
+    config = parse_config(
+        _cfg(
+            slots_per_upstream=2,
+            tpot_s=1e-6,
+            queues={"critical_reserved_slots": 0},
+            degraded={"modes": {"brief": mode}},
+        )
+    )
+    assert parse_config(_cfg()).degraded.modes == {}
+
+    async def scenario() -> None:
+        ctl = Controller(config)
+        asked = _request(max_tokens=100)
+        offered, how = ctl.degrade(asked)
+        assert how is None and offered is asked  # no slot held: below enter
+        held = [ctl.offer(_request()), ctl.offer(_request())]
+        offered, how = ctl.degrade(asked)  # both slots held: it enters
+        assert how is not None and how.header() == "brief; max_tokens=8 (asked 100)"
+        assert isinstance(offered, AdmissionRequest) and offered.max_tokens == 8
+        [change] = ctl.core.modes.changes()
+        assert change.on and change.cause.startswith("pressure: slot_utilization 1")
+        shed, how = ctl.degrade(asked, optional=True)
+        assert isinstance(shed, Shed) and shed.reason is ShedReason.DEGRADED_OPTIONAL
+        ctl.reconfigure(config)  # a reload keeps the mode on
+        assert ctl.core.modes.states["brief"].on
+        for lease in held:
+            assert isinstance(lease, Lease)
+            ctl.release(lease, completed=True)
+        offered, how = ctl.degrade(asked)  # no slot held: it leaves
+        assert how is None and offered is asked
+        assert [c.on for c in ctl.core.modes.changes()] == [False]
+
+    asyncio.run(scenario())

@@ -42,14 +42,17 @@ TRUTH = AffineStepTime(
 CAP = 64
 """The mode's output cap, tokens."""
 
+E2E_S = 6.0
+"""The answers' SLO: whole within this (also each call's deadline, on both sides)."""
+
 SLOTS = 16
 QUEUE = 48
 
 MODE = {
     "bands": ["interactive"],
     "max_tokens": CAP,
-    "enter": {"queue_delay_s": 0.5},
-    "leave": {"queue_delay_s": 0.1},
+    "enter": {"slot_utilization": 0.9},
+    "leave": {"slot_utilization": 0.6},
     "min_on_s": 5.0,
 }
 
@@ -65,7 +68,7 @@ def workload(duration_s: float) -> dict[str, Any]:
             "answer": {
                 "input_tokens": {"dist": "lognormal", "mean": 800, "cv": 0.5, "max": 4000},
                 "output_tokens": {"dist": "lognormal", "mean": 200, "cv": 0.5, "max": 500},
-                "slo": {"e2e_s": 6.0},
+                "slo": {"e2e_s": E2E_S},
             }
         },
         "sources": [
@@ -112,6 +115,8 @@ def run(duration_s: float, *, sim_only: bool) -> dict[str, Any]:
             name = "on" if on else "off"
             live_config: dict[str, Any] = {
                 "slots_per_upstream": SLOTS,
+                "metrics_public": True,
+                "default_deadline_s": E2E_S,  # the simulator's per-call deadline: the e2e bound
                 "profile": str(truth),
                 "kv_blocks_per_upstream": kv_blocks,
                 "queues": {"interactive": band, "background": band, "critical": band},

@@ -14,7 +14,7 @@ is a mixin of :class:`~headway.gateway.server.GatewayServer`.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from aiohttp import web
@@ -233,22 +233,25 @@ def _shown(value: object) -> str:
     return msgspec.json.encode(value).decode()[:80]
 
 
-def _degraded_body(raw: bytes) -> Forced:
-    """``/admin/degraded/{mode}``'s body: ``state`` one of on, off, auto; anything else
-    is a 400 naming the field, the value and the fix."""
+def _json_object(raw: bytes, fields: set[str], shape: str) -> dict[str, object]:
+    """An admin body that must be a JSON object of ``fields`` at most; anything else is a
+    400 naming what is wrong and ``shape``, the body to send."""
     try:
         data = msgspec.json.decode(raw) if raw.strip() else None
     except (msgspec.DecodeError, RecursionError):
-        raise ClientError(400, f"the body is not JSON; {_DEGRADED_SHAPE}") from None
+        raise ClientError(400, f"the body is not JSON; {shape}") from None
     if not isinstance(data, dict):
-        raise ClientError(
-            400, f"the body must be a JSON object (got {_shown(data)}); {_DEGRADED_SHAPE}"
-        )
-    unknown = sorted(set(data) - {"state"})
+        raise ClientError(400, f"the body must be a JSON object (got {_shown(data)}); {shape}")
+    unknown = sorted(set(data) - fields)
     if unknown:
-        raise ClientError(
-            400, f"unknown field `{unknown[0][:40]}`; {_DEGRADED_SHAPE}", param=unknown[0][:40]
-        )
+        raise ClientError(400, f"unknown field `{unknown[0][:40]}`; {shape}", param=unknown[0][:40])
+    return data
+
+
+def _degraded_body(raw: bytes) -> Forced:
+    """``/admin/degraded/{mode}``'s body: ``state`` one of on, off, auto; anything else
+    is a 400 naming the field, the value and the fix."""
+    data = _json_object(raw, {"state"}, _DEGRADED_SHAPE)
     state = data.get("state")
     if state not in _FORCED:
         raise ClientError(
@@ -257,7 +260,7 @@ def _degraded_body(raw: bytes) -> Forced:
             "forces the mode, auto hands it back to its thresholds",
             param="state",
         )
-    return cast("Forced", state)
+    return state
 
 
 _DRAIN_SHAPE: Final = 'send {"upstream": "http://HOST:PORT", "drain": true|false}'
@@ -266,28 +269,12 @@ _DRAIN_SHAPE: Final = 'send {"upstream": "http://HOST:PORT", "drain": true|false
 def _drain_body(raw: bytes) -> tuple[str, bool]:
     """``/admin/drain``'s body, strictly typed: ``upstream`` a URL string, ``drain`` a JSON
     boolean (default true); a wrong type or an unknown field is a 400 naming it."""
-
-    def shown(value: object) -> str:
-        return msgspec.json.encode(value).decode()[:80]
-
-    try:
-        data = msgspec.json.decode(raw) if raw.strip() else None
-    except (msgspec.DecodeError, RecursionError):
-        raise ClientError(400, f"the body is not JSON; {_DRAIN_SHAPE}") from None
-    if not isinstance(data, dict):
-        raise ClientError(
-            400, f"the body must be a JSON object (got {shown(data)}); {_DRAIN_SHAPE}"
-        )
-    unknown = sorted(set(data) - {"upstream", "drain"})
-    if unknown:
-        raise ClientError(
-            400, f"unknown field `{unknown[0][:40]}`; {_DRAIN_SHAPE}", param=unknown[0][:40]
-        )
+    data = _json_object(raw, {"upstream", "drain"}, _DRAIN_SHAPE)
     url = data.get("upstream")
     if not isinstance(url, str) or not url.strip():
         raise ClientError(
             400,
-            f"`upstream` must be a string, the URL of an upstream (got {shown(url)}); "
+            f"`upstream` must be a string, the URL of an upstream (got {_shown(url)}); "
             f"{_DRAIN_SHAPE}",
             param="upstream",
         )
@@ -295,7 +282,7 @@ def _drain_body(raw: bytes) -> tuple[str, bool]:
     if not isinstance(drain, bool):
         raise ClientError(
             400,
-            f"`drain` must be a JSON boolean, true or false (got {shown(drain)}); {_DRAIN_SHAPE}",
+            f"`drain` must be a JSON boolean, true or false (got {_shown(drain)}); {_DRAIN_SHAPE}",
             param="drain",
         )
     return url.rstrip("/"), drain

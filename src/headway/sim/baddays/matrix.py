@@ -28,7 +28,7 @@ from headway.sim.baddays.cell import (
     run_cell,
 )
 from headway.sim.cluster import ClusterSpec
-from headway.sim.gateway import GatewayPreset
+from headway.sim.gateway import GatewayConfig, GatewayPreset
 from headway.sim.simulator import SimOptions
 
 _R = msgspec.structs.replace
@@ -149,29 +149,21 @@ def run_bad_days(
         price = price_per_replica_hour(s_spec, s_cluster)
         for preset in checked:
             gateway = _R(s_cluster.gateway, preset=preset)
-            work.append(
+            variants: list[tuple[GatewayConfig, str | None]] = [(gateway, None)]
+            if preset == "headway-default" and gateway.degraded is not None:
+                variants.append((_R(gateway, degraded=None), MODES_OFF))
+            work.extend(
                 CellJob(
                     scenario=scenario.name,
                     preset=preset,
                     spec=s_spec,
-                    cluster=_R(s_cluster, gateway=gateway),
+                    cluster=_R(s_cluster, gateway=variant),
                     seed=run_seed,
                     price_per_replica_hour=price,
+                    label=label,
                 )
+                for variant, label in variants
             )
-            if preset == "headway-default" and gateway.degraded is not None:
-                off = _R(gateway, degraded=None)
-                work.append(
-                    CellJob(
-                        scenario=scenario.name,
-                        preset=preset,
-                        spec=s_spec,
-                        cluster=_R(s_cluster, gateway=off),
-                        seed=run_seed,
-                        price_per_replica_hour=price,
-                        label=MODES_OFF,
-                    )
-                )
 
     def done(_index: int, result: tuple[BadDayCell, str]) -> None:
         if on_cell is not None:

@@ -22,22 +22,13 @@ import argparse
 import json
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from headway.calibrate.profile import PROFILE_FORMAT
-from headway.core.engine.steptime import AffineStepTime
-
-TRUTH = AffineStepTime(
-    overhead_s=0.005,
-    per_prefill_token_s=6e-05,
-    per_prefill_pair_s=2e-09,
-    per_decode_seq_s=0.00025,
-    per_decode_kv_token_s=3e-07,
-)
-"""The emulator's step-time profile (Llama-3-8B-like on an H100), parity.py's."""
+from support.emulator_profile import TRUTH, truth_file  # benchmarks/support/
 
 CAP = 64
 """The mode's output cap, tokens."""
@@ -86,15 +77,9 @@ def workload(duration_s: float) -> dict[str, Any]:
     }
 
 
-def _truth_file(folder: Path) -> Path:
-    path = folder / "truth.json"
-    fields = {name: getattr(TRUTH, name) for name in AffineStepTime.__dataclass_fields__}
-    path.write_text(json.dumps({"format": PROFILE_FORMAT, "step_time": fields}))
-    return path
-
-
 def run(duration_s: float, *, sim_only: bool) -> dict[str, Any]:
     """The four runs (simulated and live, with and without the mode) and the figures."""
+    from headway.core.policy.degraded import DegradedConfig
     from headway.data import load_efficiency_table
     from headway.files.workload import parse_workload
     from headway.gateway.config import parse_config
@@ -110,7 +95,7 @@ def run(duration_s: float, *, sim_only: bool) -> dict[str, Any]:
     key = "degraded-key"
     out: dict[str, Any] = {"cap_tokens": CAP, "duration_s": duration_s}
     with tempfile.TemporaryDirectory() as folder:
-        truth = _truth_file(Path(folder))
+        truth = truth_file(Path(folder))
         for on in (False, True):
             name = "on" if on else "off"
             live_config: dict[str, Any] = {
@@ -132,7 +117,7 @@ def run(duration_s: float, *, sim_only: bool) -> dict[str, Any]:
                 slots_per_replica=SLOTS,
                 tenant_budgets="none",
                 tenant_slot_headroom=parsed.tenant_slot_headroom,
-                degraded=msgspec.convert({"modes": {"brief": MODE}}, _degraded_type())
+                degraded=msgspec.convert({"modes": {"brief": MODE}}, DegradedConfig)
                 if on
                 else None,
             )
@@ -154,16 +139,11 @@ def run(duration_s: float, *, sim_only: bool) -> dict[str, Any]:
     return out
 
 
-def _degraded_type() -> type:
-    from headway.core.policy.degraded import DegradedConfig
-
-    return DegradedConfig
-
-
 def _live(spec: Any, truth: Path, live_config: dict[str, Any], key: str) -> dict[str, Any]:
     """The workload through a live gateway in front of an emulator, driven by the bench."""
     from headway.bench.benchmark import BenchInput, BenchOptions, run_bench
     from headway.bench.payloads import parse_target
+    from headway.drill.observe import Metrics
     from headway.emulate.process import EmulatorProcess
     from headway.files.workload import LoadedWorkload
     from headway.gateway.process import GatewayProcess
@@ -178,26 +158,15 @@ def _live(spec: Any, truth: Path, live_config: dict[str, Any], key: str) -> dict
         )  # fmt: skip
         bench = run_bench(BenchInput(LoadedWorkload(spec=spec, path=None), spec.duration_s),
                           options).result  # fmt: skip
-        degraded = _metric_sum(gw.url, "headway_gateway_degraded_requests_total")
+        with urllib.request.urlopen(f"{gw.url}/metrics", timeout=10) as resp:
+            metrics = Metrics(resp.read().decode())
+        degraded = metrics.total("headway_gateway_degraded_requests_total")
     return {
         "goodput_per_s": bench.slo.goodput_per_s,
         "attainment": bench.slo.attainment,
         "degraded_requests": degraded,
         "statuses": bench.outcomes.by_status,
     }
-
-
-def _metric_sum(url: str, name: str) -> float:
-    """The sum of a counter's samples on the gateway's /metrics."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and not line.startswith("#")
-    )
 
 
 def main() -> int:

@@ -35,19 +35,9 @@ from typing import Any
 
 import msgspec
 
-from headway.calibrate.profile import PROFILE_FORMAT
 from headway.calibrate.run import calibrate
-from headway.core.engine.steptime import AffineStepTime
 from headway.emulate.process import EmulatorProcess
-
-TRUTH = AffineStepTime(
-    overhead_s=0.005,
-    per_prefill_token_s=6e-05,
-    per_prefill_pair_s=2e-09,
-    per_decode_seq_s=0.00025,
-    per_decode_kv_token_s=3e-07,
-)
-"""The emulator's step-time profile (Llama-3-8B-like on an H100)."""
+from support.emulator_profile import TRUTH, truth_file  # benchmarks/support/
 
 WORKLOAD = {
     "name": "parity-chat",
@@ -66,13 +56,6 @@ WORKLOAD = {
 
 MAX_LAG_S = 0.03
 """Wall seconds the emulator may fall behind real time for the comparison to hold."""
-
-
-def _truth_file(folder: Path) -> Path:
-    path = folder / "truth.json"
-    fields = {name: getattr(TRUTH, name) for name in TRUTH.__dataclass_fields__}
-    path.write_text(json.dumps({"format": PROFILE_FORMAT, "step_time": fields}))
-    return path
 
 
 def calibration_errors(truth: Path, speedup: float) -> dict[str, Any]:
@@ -233,7 +216,7 @@ def main() -> int:
     args = parser.parse_args()
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
-        truth = _truth_file(Path(folder))
+        truth = truth_file(Path(folder))
         if not args.skip_calibrate:
             out.update(calibration_errors(truth, args.speedup_calibrate))
             print(f"calibration: max relative error "

@@ -80,16 +80,31 @@ def _hook(state: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
+def _listening_engine(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> tuple[list[str], str, int]:
+    """A plain stand-in engine, started and listening: its command, URL and pid."""
+    command, url = _engine(tmp_path, "plain")
+    pid = _spawn(spawned, command)
+    _until(lambda: engine_hooks._listening(url), 30, "the engine never listened")
+    return command, url, pid
+
+
+def _record(tmp_path: Path, command: list[str], url: str, pid: int | None) -> Path:
+    """The hooks' state for engine 1 as ``pid`` running ``command`` on ``url``."""
+    state = tmp_path / "engines"
+    engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
+                        url=url, pid=pid)  # fmt: skip
+    return state
+
+
 def test_a_stale_pid_still_kills_the_engine_on_the_port(
     tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
 ) -> None:
-    command, url = _engine(tmp_path, "plain")
-    engine = _spawn(spawned, command)
-    _until(lambda: engine_hooks._listening(url), 30, "the engine never listened")
+    command, url, engine = _listening_engine(tmp_path, spawned)
     other = _spawn(spawned, [sys.executable, "-c", "import time; time.sleep(600)"])
-    state = tmp_path / "engines"  # the pid another start wrote: not the one serving
-    engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
-                        url=url, pid=other)  # fmt: skip
+    # The pid another start wrote: not the one serving.
+    state = _record(tmp_path, command, url, other)
     done = _hook(state)
     assert done.returncode == 0, done.stderr
     assert not engine_hooks._listening(url)
@@ -105,9 +120,7 @@ def test_a_child_in_a_session_of_its_own_holding_the_port_is_killed(
     child_file = tmp_path / "child.pid"
     _until(lambda: child_file.exists() and child_file.read_text(), 30, "no child")
     child = int(child_file.read_text())
-    state = tmp_path / "engines"
-    engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
-                        url=url, pid=engine)  # fmt: skip
+    state = _record(tmp_path, command, url, engine)
     done = _hook(state)
     assert done.returncode == 0, done.stderr
     assert not engine_hooks._listening(url)
@@ -119,9 +132,7 @@ def test_a_port_held_by_another_process_fails_loudly_and_kills_nothing(tmp_path:
     with socket.socket() as held:  # this test's own socket: not the engine's
         held.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
         held.listen()
-        state = tmp_path / "engines"
-        engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
-                            url=url, pid=None)  # fmt: skip
+        state = _record(tmp_path, command, url, None)
         done = _hook(state)
         assert done.returncode != 0
         assert "not by the engine recorded" in done.stderr and "not killed" in done.stderr
@@ -130,9 +141,7 @@ def test_a_port_held_by_another_process_fails_loudly_and_kills_nothing(tmp_path:
 
 def test_nothing_to_kill_fails_loudly(tmp_path: Path) -> None:
     command, url = _engine(tmp_path, "plain")
-    state = tmp_path / "engines"
-    engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
-                        url=url, pid=None)  # fmt: skip
+    state = _record(tmp_path, command, url, None)
     done = _hook(state)
     assert done.returncode != 0 and "nothing to kill" in done.stderr
 
@@ -142,12 +151,8 @@ def test_a_start_waits_while_the_old_engine_holds_the_port(
 ) -> None:
     """A restart issued before the kill lands must not take the old engine's answer for
     its own: it waits for the port, and says so when it stays taken."""
-    command, url = _engine(tmp_path, "plain")
-    engine = _spawn(spawned, command)
-    _until(lambda: engine_hooks._listening(url), 30, "the engine never listened")
-    state = tmp_path / "engines"
-    engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
-                        url=url, pid=engine)  # fmt: skip
+    command, url, engine = _listening_engine(tmp_path, spawned)
+    state = _record(tmp_path, command, url, engine)
     with pytest.raises(SystemExit, match=r"still listens after 0\.5 s .*; kill it first"):
         engine_hooks.start(state, 1, free_within_s=0.5)
     assert engine_hooks._STARTED == {}  # nothing was started
@@ -159,12 +164,8 @@ def test_a_restart_fired_before_the_kill_lands_waits_for_it(
     """The CI run's order: the restart hook ran while the kill hook had not read the state
     yet. The restart now waits for the port, so the kill finds the old engine, and the
     engine that answers at the end is the new one."""
-    command, url = _engine(tmp_path, "plain")
-    old = _spawn(spawned, command)
-    _until(lambda: engine_hooks._listening(url), 30, "the engine never listened")
-    state = tmp_path / "engines"
-    engine_hooks.record(state, 1, command=command, env={}, log_path=tmp_path / "log",
-                        url=url, pid=old)  # fmt: skip
+    command, url, old = _listening_engine(tmp_path, spawned)
+    state = _record(tmp_path, command, url, old)
     failed: list[SystemExit | OSError] = []
 
     def restart() -> None:

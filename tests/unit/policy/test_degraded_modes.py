@@ -113,13 +113,18 @@ def test_what_a_mode_changes_of_one_request() -> None:
     assert modes.states["brief"].served == 3
 
 
-def test_the_core_offers_the_degraded_request_and_sheds_optional_ones() -> None:
+def _core(*, slots: int) -> GatewayCore:
+    """A core with the mode ``brief`` over one upstream of ``slots``."""
     settings = CoreSettings(
         admission=AdmissionConfig(),
         queues=QueueConfig(),
         degraded=DegradedConfig(modes={"brief": BRIEF}),
     )
-    core = GatewayCore(settings, StaticUpstreams([UpstreamState(url="u", slots=4)]))
+    return GatewayCore(settings, StaticUpstreams([UpstreamState(url="u", slots=slots)]))
+
+
+def test_the_core_offers_the_degraded_request_and_sheds_optional_ones() -> None:
+    core = _core(slots=4)
     request = AdmissionRequest(
         tenant="t", prompt_tokens=3000, p95_output_tokens=400, max_tokens=400,
         expected_output_tokens=300, priority="background",
@@ -137,12 +142,7 @@ def test_the_core_offers_the_degraded_request_and_sheds_optional_ones() -> None:
 
 
 def test_the_core_enters_a_mode_when_its_queue_waits() -> None:
-    settings = CoreSettings(
-        admission=AdmissionConfig(),
-        queues=QueueConfig(),
-        degraded=DegradedConfig(modes={"brief": BRIEF}),
-    )
-    core = GatewayCore(settings, StaticUpstreams([UpstreamState(url="u", slots=1)]))
+    core = _core(slots=1)
     request = AdmissionRequest(
         tenant="t", prompt_tokens=100, p95_output_tokens=400, max_tokens=400, priority="background"
     )

@@ -56,6 +56,24 @@ def test_probes_stay_inside_the_vocabulary_and_time_every_token(
             assert len(stream.token_times_s) == result.shape.output_tokens
 
 
+def test_a_second_calibration_finds_no_prompt_in_the_prefix_cache(vllm_server: VllmServer) -> None:
+    """Each run draws prompts of its own: vLLM caches the blocks of the prompts it served,
+    and with the same prompts every run a second calibration's 1,536-token prefill took
+    85 ms instead of 605 ms (as fast as a 128-token one) and the fit set
+    ``per_prefill_token_s`` to 0. Uncached, the long prefill takes several times the short."""
+    plan = ProbePlan(prefill_prompt_tokens=(128, 512, 1536), prefill_output_tokens=3, rounds=1,
+                     decode_concurrency=(2,), decode_prompt_tokens=(32,),
+                     decode_output_tokens=12)  # fmt: skip
+    for run in range(2):
+        _, results = asyncio.run(run_probes(vllm_server.url, plan))
+        ttft = {
+            r.shape.prompt_tokens: r.streams[0].token_times_s[0] - r.streams[0].sent_s
+            for r in results
+            if r.shape.kind == "prefill"
+        }
+        assert ttft[1536] > 3 * ttft[128], (run, ttft)
+
+
 def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
     vllm_server: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -71,7 +71,8 @@ class ProbePlan:
     fit needs two distinct contexts to tell the cost of reading the KV cache from the
     cost of a sequence (:meth:`unidentified`)."""
     decode_output_tokens: int = 33
-    """Tokens each decode probe request generates."""
+    """Tokens each decode probe request generates, at least: a batch whose prompts take
+    many steps to prefill generates more (:meth:`decode_output_for`)."""
     max_num_batched_tokens: int = 8192
     """The engine's step token budget (vLLM ``--max-num-batched-tokens``): a longer
     prompt is prefilled in ``ceil(P / budget)`` steps, each with the fixed overhead."""
@@ -105,9 +106,27 @@ class ProbePlan:
         fitting = self.decode_contexts(max_model_len)
         prompt = min(fitting) if fitting else min(self.decode_prompt_tokens)
         batches = sorted(self.decode_concurrency)
-        return ProbeShape(kind="reference", prompt_tokens=prompt,
-                          concurrency=batches[len(batches) // 2],
-                          output_tokens=self.decode_output_tokens)  # fmt: skip
+        prompt, batch, out = self._decode_shape(prompt, batches[len(batches) // 2], max_model_len)
+        return ProbeShape(kind="reference", prompt_tokens=prompt, concurrency=batch,
+                          output_tokens=out)  # fmt: skip
+
+    def decode_output_for(self, prompt_tokens: int, concurrency: int) -> int:
+        """Tokens each request of a decode probe generates: enough that, once the last of
+        the ``concurrency`` prompts is prefilled, every stream still decodes for two
+        segments of ``segment_steps``.
+
+        The engine prefills the batch's ``B·P`` prompt tokens over about
+        ``ceil(B·P / (budget - B))`` steps (the decodes of the streams already started
+        share the budget), and the first stream decodes all the while. With a fixed 18
+        tokens, 8 or 32 prompts of 2,048 tokens never decoded together on vLLM (a 2,048-
+        token budget): those probes gave no sample, the long context rested on one
+        single-sequence segment, and the fit set ``per_decode_kv_token_s`` 40× under the
+        engine's (3e-8 s against 1.3e-6 s measured), so long-context decode steps were
+        predicted at half their time.
+        """
+        room = max(1, self.max_num_batched_tokens - concurrency)
+        prefill_steps = -(-prompt_tokens * concurrency // room)
+        return max(self.decode_output_tokens, prefill_steps + 2 * self.segment_steps + 4)
 
     def prefill_lengths(self, max_model_len: int | None = None) -> list[int]:
         """The prefill probes' prompt lengths, each one too long for ``max_model_len``
@@ -159,7 +178,8 @@ class ProbePlan:
                 f"({max_model_len}) with {self.prefill_output_tokens} output tokens; give "
                 "--prefill-prompt-tokens with at least 3 shorter lengths"
             )
-        decode = [(p, b) for p in self.decode_contexts(max_model_len)
+        decode = [self._decode_shape(p, b, max_model_len)
+                  for p in self.decode_contexts(max_model_len)
                   for b in self.decode_concurrency]  # fmt: skip
         reference = self.reference(max_model_len)
         out: list[ProbeShape] = []
@@ -171,14 +191,31 @@ class ProbePlan:
             ]  # fmt: skip
             two = [
                 ProbeShape(kind="decode", prompt_tokens=p, concurrency=b,
-                           output_tokens=self.decode_output_tokens, round=r)
-                for p, b in decode
+                           output_tokens=out, round=r)
+                for p, b, out in decode
             ]  # fmt: skip
             mixed = [s for pair in zip_longest(one, two) for s in pair if s is not None]
             out.append(replace(reference, round=r))
             out.extend(mixed if r % 2 == 0 else mixed[::-1])
         out.append(replace(reference, round=self.rounds))
         return out
+
+    def _decode_shape(
+        self, prompt_tokens: int, concurrency: int, max_model_len: int | None
+    ) -> tuple[int, int, int]:
+        """``(prompt, concurrency, output)`` of one decode probe: the output from
+        :meth:`decode_output_for`, the prompt shortened where prompt and output would not
+        fit ``max_model_len`` together."""
+        p = prompt_tokens
+        out = self.decode_output_for(p, concurrency)
+        if max_model_len is not None:
+            for _ in range(4):  # a shorter prompt needs fewer prefill steps: settle
+                if p + out <= max_model_len:
+                    break
+                p = max(1, max_model_len - out)
+                out = self.decode_output_for(p, concurrency)
+            out = min(out, max(2, max_model_len - p))
+        return p, concurrency, out
 
 
 DEFAULT_PLAN = ProbePlan()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -203,12 +204,18 @@ async def run_probes(
     *,
     model: str | None = None,
     read_timeout_s: float = 120.0,
-    seed: int = 0,
+    seed: int | None = None,
     progress: Callable[[int, int, ProbeShape], None] | None = None,
     for_fit: bool = False,
 ) -> tuple[EndpointInfo, list[ProbeResult]]:
     """Discover the endpoint and its settings, warm it up, and run every probe of ``plan``
     that fits the model's length limit, in order.
+
+    ``seed`` draws the prompts' token ids; None (the default): a fresh one each run. An
+    engine with prefix caching keeps the blocks of the prompts it served, so a second run
+    with the same prompts finds them cached: against vLLM a second calibration with seed
+    0 measured a 1,536-token prefill in 85 ms instead of 605 ms and fitted
+    ``per_prefill_token_s`` at 0. Nothing but cache hits depends on the ids.
 
     ``for_fit``: the probes are for a fit; a plan whose fit the endpoint's length limit
     leaves unidentified (:meth:`ProbePlan.unidentified`) raises before any probe runs.
@@ -217,7 +224,7 @@ async def run_probes(
     most = max(plan.decode_concurrency, default=1)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout_s)
     connector = aiohttp.TCPConnector(limit=most + 2, force_close=False)
-    rng = random.Random(seed)
+    rng = random.Random(secrets.randbits(64) if seed is None else seed)
     serial = 0
     results: list[ProbeResult] = []
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:

@@ -9,8 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
-from headway.calibrate.fit import Samples, fit_step_time
-from headway.calibrate.plan import DEFAULT_PLAN, ProbePlan
+from headway.calibrate.fit import Samples, fit_step_time, probe_samples
+from headway.calibrate.plan import DEFAULT_PLAN, ProbePlan, ProbeShape
+from headway.calibrate.probe import ProbeResult, StreamTiming
+from headway.core.engine.replica import ReplicaModel
+from headway.core.engine.scheduler import EngineRequest, SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, BatchShape
 
 TRUTH = AffineStepTime(
@@ -109,3 +112,50 @@ def test_one_decode_context_leaves_the_kv_cost_unfitted_so_the_plan_refuses_it()
     assert DEFAULT_PLAN.unidentified(2048) is None
     flag, message = DEFAULT_PLAN.unidentified(max_model_len=100) or ("", "")
     assert flag == "--decode-prompt-tokens" and "max_model_len 100" in message
+
+
+def _probe_on_the_engine_model(shape: ProbeShape, budget: int) -> ProbeResult:
+    """The streams a decode probe gets from an engine that schedules like vLLM (the
+    engine model: chunked prefill under ``budget``, decodes sharing it)."""
+    replica = ReplicaModel(
+        SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=budget, block_size=128),
+        num_blocks=4096,
+        step_time=TRUTH,
+    )
+    streams = [
+        StreamTiming(prompt_tokens=shape.prompt_tokens, sent_s=0.0)
+        for _ in range(shape.concurrency)
+    ]
+    for i in range(shape.concurrency):
+        replica.add_request(
+            EngineRequest(
+                i, num_prompt_tokens=shape.prompt_tokens, max_output_tokens=shape.output_tokens
+            ),
+            0.0,
+        )
+    now = 0.0
+    while replica.has_work:
+        result = replica.step(now)
+        for rid in result.tokens:
+            streams[int(rid)].token_times_s.append(result.end_s)
+        now = result.end_s
+    return ProbeResult(shape=shape, streams=streams)
+
+
+@pytest.mark.parametrize("max_model_len", [2048, 4096])
+def test_every_decode_probe_decodes_its_whole_batch_together_for_two_segments(
+    max_model_len: int,
+) -> None:
+    """A batch of long prompts takes many steps to prefill: each decode probe generates
+    enough tokens that all its streams still decode together for two segments, so long
+    contexts at large batches give samples (with 18 tokens, 8 and 32 prompts of ~2,000
+    tokens under a 2,048-token budget gave none, and the KV cost was fitted 40x low)."""
+    plan = ProbePlan(rounds=1, decode_concurrency=(1, 8, 32), decode_prompt_tokens=(128, 2048),
+                     decode_output_tokens=18, max_num_batched_tokens=2048)  # fmt: skip
+    decode = [s for s in plan.shapes(max_model_len) if s.kind != "prefill"]
+    assert {s.concurrency for s in decode if s.prompt_tokens > 1900} == {1, 8, 32}
+    for shape in decode:
+        assert shape.prompt_tokens + shape.output_tokens <= max_model_len
+        result = _probe_on_the_engine_model(shape, plan.max_num_batched_tokens)
+        (probe,) = probe_samples([result], plan, 1.0)
+        assert len(probe.gaps) >= 2 * shape.concurrency, shape

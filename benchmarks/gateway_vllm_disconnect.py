@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 from headway.gateway.process import GatewayProcess
 from headway.realengine.install import VllmVenv, default_venv_path
 from headway.realengine.model import ModelSpec, build_model, default_model_dir
-from headway.realengine.server import VllmServer
+from headway.realengine.server import VllmServer, VllmSettings, split_cpus
 from headway.realengine.slot_release import (
     ReleaseTrial,
     engines_busy,
@@ -49,6 +50,9 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=20, help="trials per kind")
     parser.add_argument("--direct", action="store_true",
                         help="also run the trials against the first vLLM, no gateway")  # fmt: skip
+    parser.add_argument("--pin", action="store_true",
+                        help="each vLLM's worker on the last CPU, everything else on the "
+                        "rest (headway.realengine.server.split_cpus)")  # fmt: skip
     parser.add_argument("--upstream", action="append", default=[], metavar="URL",
                         help="a running vLLM (twice); default: start two")  # fmt: skip
     args = parser.parse_args()
@@ -56,13 +60,18 @@ def main() -> int:
         parser.error("--trials >= 1, and --upstream twice or not at all")
     with contextlib.ExitStack() as stack:
         urls = list(args.upstream)
+        pinned = split_cpus() if args.pin else None
+        settings = VllmSettings()
+        if pinned is not None:
+            settings = VllmSettings(host_cpus=pinned[0], worker_cpus=pinned[1])
+            os.sched_setaffinity(0, {int(c) for c in pinned[0].split(",")})
         if not urls:
             venv = VllmVenv(default_venv_path()).ensure(progress=lambda s: None)
             logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             for seed in (0, 1):
                 spec = ModelSpec(seed=seed)
                 model = build_model(default_model_dir(spec), spec, python=venv.python)
-                server = VllmServer(venv.python, model, logs / f"vllm-{seed}.log")
+                server = VllmServer(venv.python, model, logs / f"vllm-{seed}.log", settings)
                 stack.callback(server.stop)
                 print(f"starting vLLM seed {seed} ...", file=sys.stderr, flush=True)
                 urls.append(server.start())
@@ -103,6 +112,7 @@ def main() -> int:
         "per_kind": kinds,
         "direct_per_kind": direct if args.direct else None,
         "wall_s": round(time.monotonic() - started, 1),
+        "worker_cpus": pinned[1] if pinned else None,
     }))  # fmt: skip
     return 0
 

@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from headway.cli import main as headway_main  # noqa: E402
+from headway.realengine.server import split_cpus  # noqa: E402
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
 """Latency figures compared per workload (bench's and simulate's p50 and p99)."""
@@ -442,11 +443,18 @@ def vllm(venv_python: str, model: Path, log_path: Path, **settings: Any) -> Iter
 
 
 def small_pool(
-    bench: Bench, python: str, model: Path, profile: Path, cluster: Path, seconds: float
+    bench: Bench,
+    python: str,
+    model: Path,
+    profile: Path,
+    cluster: Path,
+    seconds: float,
+    pinning: Mapping[str, Any],
 ) -> None:
     """The preemption workload on a second vLLM whose KV pool is a few blocks, simulated
     with the calibrated cluster and the pool that vLLM reports."""
-    settings = {"max_model_len": SMALL_POOL_CONTEXT_TOKENS,
+    settings = {**pinning,
+                "max_model_len": SMALL_POOL_CONTEXT_TOKENS,
                 "max_num_batched_tokens": STEP_BUDGET_TOKENS,
                 "extra_args": ("--num-gpu-blocks-override", str(SMALL_POOL_BLOCKS))}  # fmt: skip
     with vllm(python, model, bench.out / "vllm-small.log", **settings) as url:
@@ -469,9 +477,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     quick = args.quick
     seconds = args.seconds or (30.0 if quick else 90.0)
-    common = {"max_model_len": CONTEXT_TOKENS, "max_num_batched_tokens": STEP_BUDGET_TOKENS}
+    common: dict[str, Any] = {
+        "max_model_len": CONTEXT_TOKENS,
+        "max_num_batched_tokens": STEP_BUDGET_TOKENS,
+    }
     if args.omp_threads:  # vLLM's child inherits it (torch's thread count under nobind)
         os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)
+    pinned = None if args.no_pin else split_cpus()
+    if pinned is not None:
+        # The worker alone on the last CPU, vLLM's API server and engine core and this
+        # process (bench, simulate) on the others: see split_cpus.
+        common.update(host_cpus=pinned[0], worker_cpus=pinned[1])
+        os.sched_setaffinity(0, {int(c) for c in pinned[0].split(",")})
     if args.target:  # an engine already running (a dry run against the emulator)
         python, model = "", out
         engine: contextlib.AbstractContextManager[str] = contextlib.nullcontext(args.target)
@@ -486,6 +503,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "quick" if quick else "full",
         "load_average_start": os.getloadavg()[0],
         "omp_threads": args.omp_threads,
+        "worker_cpus": pinned[1] if pinned else None,
     }
     with engine as url:
         log("calibrate")
@@ -552,7 +570,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         extra["reference_step_s"] = [first_step_s, end_step_s]
     if not quick and not args.target:
         try:
-            small_pool(bench, python, model, profile, cluster, seconds)
+            small_pool(
+                bench,
+                python,
+                model,
+                profile,
+                cluster,
+                seconds,
+                {k: v for k, v in common.items() if k.endswith("_cpus")},
+            )
         except (RuntimeError, OSError, KeyError, ValueError) as error:
             log(f"the small-pool run failed: {error}")
             extra["preempt_error"] = str(error)[:500]
@@ -578,6 +604,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="OMP_NUM_THREADS for vLLM (default 1: steady steps on a shared host; 0: torch's "
         "default, one thread per core)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave vLLM's worker unbound (default: it gets the last CPU to itself, vLLM's "
+        "other processes and this benchmark the rest; see headway.realengine.server."
+        "split_cpus)",
     )
     parser.add_argument(
         "--target",

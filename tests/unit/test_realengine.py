@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from headway.realengine.install import InstallError, VllmVenv
-from headway.realengine.server import VllmServer, VllmSettings
+from headway.realengine.server import VllmServer, VllmSettings, split_cpus
 
 
 def test_a_failed_install_names_its_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,3 +44,18 @@ def test_a_server_that_dies_raises_with_its_log(tmp_path: Path) -> None:
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["HF_HUB_OFFLINE"] == "1"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # no spinning on the frontend's cores
     assert server.stop() == 1
+
+
+def test_the_worker_can_have_a_cpu_of_its_own(tmp_path: Path) -> None:
+    """split_cpus gives the worker the last CPU and the rest to the host processes; the
+    server binds the worker's threads there and starts the others on the rest."""
+    assert split_cpus({0}) is None
+    assert split_cpus({0, 1}) == ("0", "1")
+    assert split_cpus({3, 0, 2}) == ("0,2", "3")
+    pinned = VllmServer(sys.executable, tmp_path, tmp_path / "log",
+                        VllmSettings(host_cpus="0", worker_cpus="1"))  # fmt: skip
+    assert pinned.command()[:4] == ["taskset", "--cpu-list", "0", sys.executable]
+    assert pinned.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    free = VllmServer(sys.executable, tmp_path, tmp_path / "log", VllmSettings())
+    assert free.command()[0] == sys.executable
+    assert free.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"

@@ -64,10 +64,20 @@ class VllmSettings:
     """vLLM's ``--seed`` (sampling; the dummy weights do not depend on it)."""
     extra_args: tuple[str, ...] = ()
     host_cpus: str | None = None
-    """CPUs (a ``taskset --cpu-list``) for the API server and the engine core; None: any."""
+    """CPUs (a ``taskset --cpu-list``) for the API server and the engine core; None: as
+    ``pin_worker`` says."""
     worker_cpus: str | None = None
     """CPUs the worker's compute threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``);
-    None: not bound. :func:`split_cpus` gives both."""
+    None: as ``pin_worker`` says."""
+    pin_worker: bool = True
+    """Where neither CPU list is given: the worker on a CPU of its own and the rest on
+    the others (:func:`split_cpus`); False: nothing bound."""
+
+    def cpus(self) -> tuple[str | None, str | None]:
+        """``(host, worker)`` CPU lists, None where unbound."""
+        if self.host_cpus or self.worker_cpus or not self.pin_worker:
+            return self.host_cpus, self.worker_cpus
+        return split_cpus() or (None, None)
 
 
 @dataclass
@@ -90,7 +100,8 @@ class VllmServer:
     def command(self) -> list[str]:
         """The command line."""
         s = self.settings
-        pin = ["taskset", "--cpu-list", s.host_cpus] if s.host_cpus else []
+        host, _ = s.cpus()
+        pin = ["taskset", "--cpu-list", host] if host else []
         return [
             *pin, self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1", "--port", str(self.port),
@@ -117,7 +128,7 @@ class VllmServer:
             **os.environ,
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
             "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_space_gib),
-            "VLLM_CPU_OMP_THREADS_BIND": self.settings.worker_cpus or "nobind",
+            "VLLM_CPU_OMP_THREADS_BIND": self.settings.cpus()[1] or "nobind",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",

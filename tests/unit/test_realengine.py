@@ -56,12 +56,12 @@ def test_the_worker_can_have_a_cpu_of_its_own(tmp_path: Path) -> None:
                         VllmSettings(host_cpus="0", worker_cpus="1"))  # fmt: skip
     assert pinned.command()[:4] == ["taskset", "--cpu-list", "0", sys.executable]
     assert pinned.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
-    free = VllmServer(sys.executable, tmp_path, tmp_path / "log", VllmSettings(pin_worker=False))
+    free = VllmServer(sys.executable, tmp_path, tmp_path / "log", VllmSettings())
     assert free.command()[0] == sys.executable
     assert free.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    # By default, on a host of two CPUs or more, the worker gets the last one.
+    # pin_worker: on a host of two CPUs or more, the worker gets the last one.
     split = split_cpus()
-    default = VllmServer(sys.executable, tmp_path, tmp_path / "log", VllmSettings())
+    default = VllmServer(sys.executable, tmp_path, tmp_path / "log", VllmSettings(pin_worker=True))
     if split is not None:
         assert default.command()[:3] == ["taskset", "--cpu-list", split[0]]
         assert default.environment()["VLLM_CPU_OMP_THREADS_BIND"] == split[1]

@@ -69,9 +69,13 @@ class VllmSettings:
     worker_cpus: str | None = None
     """CPUs the worker's compute threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``);
     None: as ``pin_worker`` says."""
-    pin_worker: bool = True
+    pin_worker: bool = False
     """Where neither CPU list is given: the worker on a CPU of its own and the rest on
-    the others (:func:`split_cpus`); False: nothing bound."""
+    the others (:func:`split_cpus`); False (the default): nothing bound. The benchmarks of
+    one server pin it; the real tier does not: with two servers pinned on a two-core host
+    (both workers on the last CPU, both engine cores' busy-polls beside the API servers
+    and the gateway on the other) a call through the gateway once never reached either
+    engine within 30 s, and the tier's burst and disconnect tests timed out."""
 
     def cpus(self) -> tuple[str | None, str | None]:
         """``(host, worker)`` CPU lists, None where unbound."""

@@ -53,7 +53,11 @@ def test_probes_stay_inside_the_vocabulary_and_time_every_token(
         for stream in result.streams:
             assert stream.usage_prompt_tokens == stream.prompt_tokens
             assert stream.usage_completion_tokens == result.shape.output_tokens
-            assert len(stream.token_times_s) == result.shape.output_tokens
+            # One content chunk a token, except where vLLM merged the deltas its API
+            # server had not sent yet into one chunk (RequestOutputCollector.put in DELTA
+            # mode): a loaded host made 20 chunks of a 21-token reference stream once.
+            n = result.shape.output_tokens
+            assert n - 2 <= len(stream.token_times_s) <= n
 
 
 def test_a_second_calibration_finds_no_prompt_in_the_prefix_cache(vllm_server: VllmServer) -> None:

@@ -353,6 +353,10 @@ class GatewayCore:
             self._lane_running[route] = dict.fromkeys(BANDS, 0)
         return lane
 
+    def oldest_wait_by_route(self, now: float) -> dict[str | None, float]:
+        """Per lane (its route), how long its oldest waiting request has waited."""
+        return {route: lane.oldest_wait_s(now) for route, lane in self._lanes.items()}
+
     def queued_requests(self) -> int:
         """Requests waiting in every lane."""
         return sum(len(q) for q in self._lanes.values())

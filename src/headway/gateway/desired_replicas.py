@@ -11,8 +11,10 @@ measures (:mod:`headway.sim.fleet`), and hands the same
 
 * ``offered_tokens_per_s``: prompt plus planned output tokens of every request offered
   (admitted, queued or shed);
-* ``admitted_tokens_per_s`` and ``queue_delay_s``: the same of the requests dispatched,
-  and their mean wait from offer to dispatch;
+* ``admitted_tokens_per_s``: the same of the requests dispatched;
+* ``queue_delay_s``: their mean wait from offer to dispatch, and at least the wait so far
+  of the pool's oldest queued request
+  (:func:`~headway.core.policy.autoscaler.window_queue_delay_s`);
 * ``deadline_miss_ratio``: of the requests that ended, those past their deadline;
 * ``kv_occupancy``: the gateway's projected KV blocks over each ready upstream's blocks
   (``kv_blocks`` or what the pool scrapes), mean over ready upstreams;
@@ -27,7 +29,7 @@ load does not ask twice while Kubernetes starts them; a scale-down lowers it.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from headway.core.gateway_core import Lease, UpstreamState
 from headway.core.policy.admission import AdmissionRequest
@@ -37,6 +39,7 @@ from headway.core.policy.autoscaler import (
     AutoscalerSignals,
     ScaleDown,
     ScaleUp,
+    window_queue_delay_s,
 )
 from headway.core.policy.decisions import Shed
 from headway.gateway.config import GatewayFileConfig
@@ -122,9 +125,17 @@ class DesiredReplicas:
         if lease.deadline_s is not None and now > lease.deadline_s:
             pool.missed += 1
 
-    def evaluate(self, now: float, upstreams: Sequence[UpstreamState]) -> None:
+    def evaluate(
+        self,
+        now: float,
+        upstreams: Sequence[UpstreamState],
+        oldest_wait_by_route: Mapping[str | None, float] | None = None,
+    ) -> None:
         """Close the window at ``now``: each pool's signals to its autoscaler, and its
-        decision applied to the desired count. Calls before the interval is up do nothing."""
+        decision applied to the desired count. ``oldest_wait_by_route``: per queue lane
+        (its route), how long its oldest request has waited (the core's
+        :meth:`~headway.core.gateway_core.GatewayCore.oldest_wait_by_route`). Calls before
+        the interval is up do nothing."""
         if self.next_evaluation_s is not None and now < self.next_evaluation_s:
             return
         interval_s = self.config.evaluation_interval_s
@@ -132,6 +143,12 @@ class DesiredReplicas:
         if self.next_evaluation_s is not None:
             window_s = max(interval_s, now - self.next_evaluation_s + interval_s)
         self.next_evaluation_s = now + interval_s
+        oldest_s: dict[str, float] = {}
+        for route, wait_s in (oldest_wait_by_route or {}).items():
+            lane_pool = self.pool_of(route)
+            for name, pool in self._pools.items():
+                if pool is lane_pool:
+                    oldest_s[name] = max(oldest_s.get(name, 0.0), wait_s)
         for name, pool in self._pools.items():
             ready = [u for u in upstreams if (u.route or DEFAULT_POOL) == name and u.ready_at(now)]
             starting = 0
@@ -140,7 +157,9 @@ class DesiredReplicas:
             signals = AutoscalerSignals(
                 ready_replicas=len(ready),
                 starting_replicas=starting,
-                queue_delay_s=pool.wait_s / pool.admitted if pool.admitted else 0.0,
+                queue_delay_s=window_queue_delay_s(
+                    pool.wait_s, pool.admitted, oldest_s.get(name, 0.0)
+                ),
                 admitted_tokens_per_s=pool.admitted_tokens / window_s,
                 kv_occupancy=(
                     sum(min(1.0, u.projected_blocks / u.total_kv_blocks) for u in ready)

@@ -179,7 +179,8 @@ class GatewayServer(AdminAPI, Generation):
         desired = ctl.desired
         assert desired is not None
         while True:
-            desired.evaluate(ctl.now(), ctl.source.upstreams())
+            now = ctl.now()
+            desired.evaluate(now, ctl.source.upstreams(), ctl.core.oldest_wait_by_route(now))
             await asyncio.sleep(desired.config.evaluation_interval_s)
 
     async def stop(self) -> None:

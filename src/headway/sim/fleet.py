@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from headway.core.engine.replica import ReplicaModel
-from headway.core.policy.autoscaler import Autoscaler, AutoscalerSignals, ScaleDown, ScaleUp
+from headway.core.policy.autoscaler import (
+    Autoscaler,
+    AutoscalerSignals,
+    ScaleDown,
+    ScaleUp,
+    window_queue_delay_s,
+)
 from headway.core.policy.charges import Phase
 from headway.core.policy.retries import FailureKind
 from headway.sim.disaggregation import DisaggregatedHandoff
@@ -157,6 +163,22 @@ class FleetChanges(DisaggregatedHandoff):
         self.gateway.set_ready([d.ready for d in self.drivers])
         self._pump(now)
 
+    def _oldest_waiting_s(self, now: float) -> float:
+        """How long the oldest call not yet admitted by an engine has waited since its
+        arrival: in the gateway's queue or in an engine's waiting queue."""
+        oldest_s = 0.0
+        if self.gateway is not None:
+            oldest_s = max(self.gateway.core.oldest_wait_by_route(now).values(), default=0.0)
+        admitted_s, arrival_s = self._admitted_s, self._arrival_s
+        for d in self.drivers:
+            if not d.alive:
+                continue
+            for req in d.model.scheduler.waiting():
+                j = cast("int", req.request_id)
+                if admitted_s[j] != admitted_s[j]:  # NaN: never admitted
+                    oldest_s = max(oldest_s, now - arrival_s[j])
+        return oldest_s
+
     def _autoscale(self, now: float) -> None:
         """The autoscaler reads its signals over the last interval and acts."""
         scaler = self.autoscaler
@@ -167,8 +189,8 @@ class FleetChanges(DisaggregatedHandoff):
         signals = AutoscalerSignals(
             ready_replicas=len(ready),
             starting_replicas=starting,
-            queue_delay_s=(
-                self._window_wait_s / self._window_admitted if self._window_admitted else 0.0
+            queue_delay_s=window_queue_delay_s(
+                self._window_wait_s, self._window_admitted, self._oldest_waiting_s(now)
             ),
             admitted_tokens_per_s=self._window_tokens / interval_s,
             kv_occupancy=(sum(d.model.kv_usage for d in ready) / len(ready)) if ready else 1.0,

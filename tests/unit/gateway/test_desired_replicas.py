@@ -74,3 +74,15 @@ def test_evaluations_before_the_interval_do_nothing() -> None:
     assert desired.last_reason == before  # the window is still open
     desired.evaluate(1.0, ups)
     assert desired.last_reason["default"].startswith("queue_delay_s at 5.000×")
+
+
+def test_a_window_without_a_dispatch_reads_its_oldest_waiting_request() -> None:
+    """Slots that free together leave windows with no dispatch while the queue grows: the
+    oldest queued request's wait is the window's queue delay, not 0."""
+    ups = _upstreams()
+    desired = DesiredReplicas(CONFIG, [u.route for u in ups])
+    desired.evaluate(0.0, ups)
+    desired.evaluate(1.0, ups, {"chat": 2.0, None: 0.0})
+    # 2 s against the 1 s target; the default pool's lane waited nothing.
+    assert desired.last_reason["chat"].startswith("queue_delay_s at 2.000×")
+    assert desired.desired() == {"chat": 4, "default": 1}

@@ -22,6 +22,7 @@ from headway.core.policy.autoscaler import (
     PredictiveConfig,
     ScaleDown,
     ScaleUp,
+    window_queue_delay_s,
 )
 
 
@@ -422,3 +423,31 @@ def test_a_burst_that_has_passed_starts_no_replica() -> None:
             assert isinstance(decision, ScaleUp)
         else:
             assert isinstance(decision, Hold), (k, decision)
+
+
+def test_a_full_window_that_admitted_nothing_teaches_no_capacity_of_zero() -> None:
+    """Replicas full (queue delay past target) and nothing admitted in the window: the
+    predictive rule must not learn a capacity of 0 tokens/s and divide by it."""
+    scaler = Autoscaler(_config(kind="predictive", detection_delay_s=0.0))
+    full = AutoscalerSignals(
+        ready_replicas=1, queue_delay_s=5.0, admitted_tokens_per_s=0.0, offered_tokens_per_s=900.0
+    )
+    decision = scaler.decide(0.0, full)
+    assert isinstance(decision, ScaleUp), decision
+    assert scaler.capacity_tokens_per_s is None
+    # A later full window that admitted work starts the estimate.
+    busy = AutoscalerSignals(
+        ready_replicas=1,
+        starting_replicas=decision.count,
+        queue_delay_s=5.0,
+        admitted_tokens_per_s=400.0,
+        offered_tokens_per_s=900.0,
+    )
+    scaler.decide(10.0, busy)
+    assert scaler.capacity_tokens_per_s == 400.0
+
+
+def test_window_queue_delay_is_at_least_the_oldest_wait() -> None:
+    assert window_queue_delay_s(3.0, 2, 0.5) == 1.5
+    assert window_queue_delay_s(0.0, 0, 2.0) == 2.0
+    assert window_queue_delay_s(0.0, 0, 0.0) == 0.0

@@ -169,3 +169,33 @@ def test_littles_law_holds_at_the_downstream_boundary(service: dict[str, Any]) -
     tools = [b for b in result.little_boundaries if b.boundary.startswith("downstream")]
     assert len(tools) == 1 and tools[0].mean_in_system > 0.5, tools
     assert tools[0].relative_mismatch < 0.01, tools[0]
+
+
+def test_a_queue_that_dispatches_rarely_still_reads_as_delay() -> None:
+    """One sequence at a time, each ~3 s: most 1 s windows admit nothing while calls pile
+    up. The oldest waiting call's wait counts as the window's queue delay, so the breach
+    lasts past the detection delay and the pool grows (the mean of the admitted alone read
+    0 in those windows, reset the breach, and the pool stayed at one replica)."""
+    data = {
+        "name": "rare",
+        "duration_s": 60,
+        "classes": {"chat": {"input_tokens": 256, "output_tokens": 256}},
+        "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": 2}}],
+    }
+    cluster = {
+        "replicas": 1,
+        "model": "llama-2-7b",
+        "gpu": "a100",
+        "num_kv_blocks": 4000,
+        "engine": {"max_num_seqs": 1},
+        "autoscaler": {
+            **_AUTOSCALER,
+            "evaluation_interval_s": 1.0,
+            "detection_delay_s": 3.0,
+            "startup_delay_s": 5.0,
+            "scale_up_cooldown_s": 0.0,
+        },
+    }
+    w = compile_workload(parse_workload(data), seed=3)
+    result, _ = simulate_compiled(w, parse_cluster(cluster))
+    assert result.accounting.balanced and result.engine.replicas_max > 1

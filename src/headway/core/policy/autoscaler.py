@@ -94,6 +94,7 @@ __all__ = [
     "ScaleDown",
     "ScaleUp",
     "Signal",
+    "window_queue_delay_s",
 ]
 
 Signal = Literal[
@@ -340,7 +341,7 @@ class AutoscalerSignals:
     """Replicas decided but not yet ready; they count toward capacity."""
 
     queue_delay_s: float | None = None
-    """Recent queue delay of admitted requests (the driver picks mean or a percentile)."""
+    """Recent queue delay (both drivers: :func:`window_queue_delay_s`)."""
 
     admitted_tokens_per_s: float | None = None
     """Tokens admitted per second over the window, all replicas together; divided by the
@@ -384,6 +385,18 @@ class AutoscalerSignals:
     def current_replicas(self) -> int:
         """Ready plus starting: the capacity already decided."""
         return self.ready_replicas + self.starting_replicas
+
+
+def window_queue_delay_s(waited_s: float, dispatched: int, oldest_waiting_s: float) -> float:
+    """The queue delay of one evaluation window: the mean wait of the ``dispatched``
+    requests that left the queue in it (``waited_s`` their waits together), and at least
+    ``oldest_waiting_s``, how long the oldest request still waiting has waited so far.
+
+    Slots that free together leave windows in which nothing is dispatched while the queue
+    grows; read as the mean alone, such a window says "no delay", resets the breach and a
+    saturated pool is never scaled up."""
+    mean_s = waited_s / dispatched if dispatched else 0.0
+    return max(mean_s, oldest_waiting_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,9 +583,10 @@ class Autoscaler:
         if self._full(signals) and admitted is not None:
             measured = admitted / ready  # a full replica admits what it can carry
             known = self.capacity_tokens_per_s
-            self.capacity_tokens_per_s = (
-                measured if known is None else known + p.alpha * (measured - known)
-            )
+            if known is not None:
+                self.capacity_tokens_per_s = known + p.alpha * (measured - known)
+            elif measured > 0:  # a full window that admitted nothing does not start it
+                self.capacity_tokens_per_s = measured
         load = signals.offered_tokens_per_s
         if load is None:
             load = admitted
@@ -593,7 +607,7 @@ class Autoscaler:
         capacity = self.capacity_tokens_per_s
         current = signals.current_replicas
         why = f"{worst} at {pressure:.3f}× its target"
-        if capacity is None or forecast is None:
+        if capacity is None or capacity <= 0 or forecast is None:
             # No load model yet: HPA's rule on the pressure; kept warm, it only grows.
             need = ready * pressure
             may_shrink = not warm

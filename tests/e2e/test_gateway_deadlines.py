@@ -159,3 +159,49 @@ def test_a_failed_request_is_counted_and_the_gateways_counts_balance(stack: Any)
     assert offered == ended >= 3, (offered, ended)
     assert value("headway_gateway_completed_total") >= 1
     assert value("headway_gateway_deadline_cancels_total") >= 1
+
+
+def test_an_engine_that_stops_first_is_counted_as_a_deadline_cancel() -> None:
+    """An engine that honours less of the budget than the gateway's deadline (here half:
+    the emulator's ``budget_fraction`` fault; on a loaded host, the budget's rounding
+    down alone) stops the request itself and answers ``deadline_exceeded``. The gateway
+    relays that answer and counts it as the deadline cancel it is, never as completed
+    (a stream without [DONE]) or failed (a 504): before, the soak drill's
+    clients-vs-counters check was 2 off on a loaded host."""
+    with (
+        EmulatorProcess(
+            ["--speedup", "1", "--model", MODEL, "--fault", "budget_fraction=0.5"]
+        ) as emulator,
+        GatewayProcess(
+            {
+                "upstreams": [{"url": emulator.url, "model": MODEL}],
+                "tenants": {KEY: {"name": "acme"}},
+                "metrics_public": True,
+                "admission": {"check_deadlines": False},
+            }
+        ) as gateway,
+    ):
+        status, body, took_s = _post(gateway.url, {"x-headway-deadline-ms": "2000"})
+        assert status == 504 and body["error"]["code"] == "deadline_exceeded", body
+        assert took_s < 1.5, took_s  # the engine's stop at ~1 s, not the gateway's at 2 s
+        conn = http.client.HTTPConnection(gateway.url.split("//")[1], timeout=30)
+        conn.request(
+            "POST", "/v1/completions", json.dumps({**BODY, "stream": True}).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
+             "x-headway-deadline-ms": "2000"},
+        )  # fmt: skip
+        try:
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert "[DONE]" not in events
+        assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
+
+        def value(name: str) -> float:
+            return _metric(gateway.url, name)
+
+        assert value("headway_gateway_deadline_cancels_total") == 2
+        assert value("headway_gateway_completed_total") == 0
+        assert value("headway_gateway_requests_failed_total") == 0
+        assert value("headway_gateway_requests_offered_total") == 2

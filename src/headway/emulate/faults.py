@@ -53,6 +53,11 @@ class FaultUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Answer 500 to every request whose prompt is longer than this many tokens (0: off):
     a bad release that breaks on real traffic while its short readiness probe passes."""
 
+    budget_fraction: float | None = None
+    """Honour only this fraction of each request's ``x-headway-budget-ms`` (in (0, 1];
+    1 is the whole budget): an engine, or a proxy in front of it, that stops a request
+    before its caller's deadline, so the caller sees the engine's deadline answer first."""
+
     def check(self) -> None:
         """Raise ``ConfigError`` naming the knob when a value is out of range."""
         for name in ("crash_after_s", "stall_s", "refuse_connections_s", "delay_s"):
@@ -67,6 +72,13 @@ class FaultUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ConfigError(
                 f"fault `fail_prompts_over_tokens` must be >= 0 (got {over}); 0 turns it off",
                 path="$.fail_prompts_over_tokens",
+            )
+        fraction = self.budget_fraction
+        if fraction is not None and not (0 < fraction <= 1):
+            raise ConfigError(
+                f"fault `budget_fraction` must be in (0, 1] (got {fraction}); 1 honours the "
+                "whole budget, 0.5 stops a request halfway to its caller's deadline",
+                path="$.budget_fraction",
             )
         factor = self.slowdown_factor
         if factor is not None and not (factor > 0 and math.isfinite(factor)):
@@ -86,6 +98,7 @@ class FaultState:
     delay_s: float = 0.0
     fail_prompts_over_tokens: int = 0
     """0: off."""
+    budget_fraction: float = 1.0
     stalled_until: float = -math.inf
     """The engine does not step before this time (``inf``: until cleared)."""
     refuse_until: float = -math.inf
@@ -104,6 +117,8 @@ class FaultState:
             self.delay_s = update.delay_s
         if update.fail_prompts_over_tokens is not None:
             self.fail_prompts_over_tokens = update.fail_prompts_over_tokens
+        if update.budget_fraction is not None:
+            self.budget_fraction = update.budget_fraction
         if update.stall is not None:
             self.stalled_until = math.inf if update.stall else -math.inf
         if update.stall_s is not None:
@@ -135,6 +150,7 @@ class FaultState:
             "refuse_connections_s": left(self.refuse_until),
             "delay_s": self.delay_s,
             "fail_prompts_over_tokens": self.fail_prompts_over_tokens,
+            "budget_fraction": self.budget_fraction,
             "crash_after_s": left(self.crash_at),
         }
 

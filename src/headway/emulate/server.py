@@ -300,7 +300,8 @@ class EmulatorServer:
             return refused
         self.apply_faults(
             FaultUpdate(stall=False, slowdown_factor=1.0, corrupt_fingerprint=False,
-                        delay_s=0.0, refuse_connections_s=0.0, fail_prompts_over_tokens=0)
+                        delay_s=0.0, refuse_connections_s=0.0, fail_prompts_over_tokens=0,
+                        budget_fraction=1.0)
         )  # fmt: skip
         self.faults.crash_at = float("inf")
         self._arm_faults()
@@ -426,6 +427,8 @@ class EmulatorServer:
             block_hashes=hashes,
         )  # fmt: skip
         left_s = None if deadline is None else deadline.remaining_s(time.monotonic())
+        if left_s is not None:
+            left_s *= self.faults.budget_fraction
         try:
             async with asyncio.timeout(left_s):
                 if parsed.stream:

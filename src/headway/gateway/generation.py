@@ -219,6 +219,8 @@ class Generation(UpstreamRelay, ReceiptDesk):
                     response, completion_tokens, completed = await self._relay(
                         request, parsed, lease, path, record
                     )
+                if record.deadline_cancelled:  # the engine stopped it at the budget sent
+                    self.m_deadline_cancels("stream" if body.stream else "whole").inc()
             except TimeoutError:
                 # Its deadline passed in flight: leaving the timeout closed the upstream
                 # call, so the engine aborts the sequence and frees its blocks (seed 003:

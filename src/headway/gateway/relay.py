@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from typing import TYPE_CHECKING, Final
 
@@ -90,6 +91,17 @@ def stream_usage(tail: bytes) -> int | None:
         usage = _USAGE.decode(tail[start + 6 : end]).usage
         return None if usage is None else usage.completion_tokens
     return None
+
+
+_STOPPED_AT_DEADLINE = re.compile(rb'"code":\s*"deadline_exceeded"')
+"""How an engine that honours ``x-headway-budget-ms`` (the emulator, a headway gateway)
+says it stopped the request at its deadline (:func:`headway.http_errors.deadline_exceeded`)."""
+
+
+def stopped_at_deadline(status: int, data: bytes) -> bool:
+    """Whether an upstream's answer (a whole body, or a stream's tail ended without
+    ``[DONE]``) is its own deadline stop."""
+    return status in (200, 504) and _STOPPED_AT_DEADLINE.search(data) is not None
 
 
 class UpstreamRelay(ShedAnswers):
@@ -179,6 +191,15 @@ class UpstreamRelay(ShedAnswers):
                     upstream_retry_after = float(text) if text.isdigit() else None
                     error_body = await resp.read()
                     resp.release()
+                    if stopped_at_deadline(resp.status, error_body):
+                        # The engine stopped it at the budget the gateway sent: the end
+                        # of the gateway's own cancel at the deadline, counted as one
+                        # (no retry: the deadline has passed; not the engine's error).
+                        record.deadline_cancelled = True
+                        self._attempt_ended(upstream, error=False)
+                        stopped = web.Response(body=error_body, status=resp.status)
+                        stopped.headers["Content-Type"] = "application/json"
+                        return stopped, None, False
                     last = (resp.status, error_body, resp.headers.get("Content-Type"))
                 else:
                     try:
@@ -314,6 +335,10 @@ class UpstreamRelay(ShedAnswers):
                     record.tokens_out = stream_usage(tail)
                     record.relayed = True
                 await out.write(chunk)
+            if not record.relayed and stopped_at_deadline(resp.status, tail):
+                record.deadline_cancelled = True  # the engine stopped it at its budget
+                await out.write_eof()
+                return out, None, False
             if not record.relayed:  # an upstream that ends its stream without [DONE]
                 record.tokens_out = stream_usage(tail)
                 record.relayed = True

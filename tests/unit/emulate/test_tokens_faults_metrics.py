@@ -35,6 +35,9 @@ def test_fault_flags_parse_and_reject_with_the_fix() -> None:
         parse_fault_flag("delay_s=soon")
     with pytest.raises(ConfigError, match="> 0"):
         parse_fault_flag("slowdown_factor=0")
+    assert parse_fault_flag("budget_fraction=0.5").budget_fraction == 0.5
+    with pytest.raises(ConfigError, match=r"budget_fraction.*\(0, 1\]"):
+        parse_fault_flag("budget_fraction=1.5")
 
 
 def test_fault_state_applies_durations_from_now() -> None:

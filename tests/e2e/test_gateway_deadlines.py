@@ -37,6 +37,26 @@ def _post(url: str, headers: dict[str, str], body: dict[str, Any] = BODY) -> tup
         return error.code, json.loads(error.read() or b"null"), time.monotonic() - start
 
 
+def _stream(url: str, deadline_ms: str) -> tuple[int, list[str], float]:
+    """A streamed completion with ``deadline_ms``: its status, its SSE data events (to the
+    end of the stream) and the seconds it took."""
+    conn = http.client.HTTPConnection(url.split("//")[1], timeout=30)
+    conn.request(
+        "POST", "/v1/completions", json.dumps({**BODY, "stream": True}).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
+         "x-headway-deadline-ms": deadline_ms},
+    )  # fmt: skip
+    start = time.monotonic()
+    try:
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        took_s = time.monotonic() - start
+    finally:
+        conn.close()
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    return resp.status, events, took_s
+
+
 def _metric(url: str, name: str) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -83,21 +103,8 @@ def test_a_whole_answer_past_its_deadline_is_cancelled_in_the_engine(stack: Any)
 
 def test_a_stream_past_its_deadline_ends_with_an_error_event(stack: Any) -> None:
     emulator, gateway = stack
-    conn = http.client.HTTPConnection(gateway.url.split("//")[1], timeout=30)
-    conn.request(
-        "POST", "/v1/completions", json.dumps({**BODY, "stream": True}).encode(),
-        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
-         "x-headway-deadline-ms": "800"},
-    )  # fmt: skip
-    start = time.monotonic()
-    try:
-        resp = conn.getresponse()
-        assert resp.status == 200
-        text = resp.read().decode()  # to the end of the stream
-        took_s = time.monotonic() - start
-    finally:
-        conn.close()
-    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    status, events, took_s = _stream(gateway.url, "800")
+    assert status == 200
     assert len(events) > 2 and "[DONE]" not in events  # tokens, then the cut
     assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
     assert took_s <= 0.8 + 0.1, took_s
@@ -184,17 +191,7 @@ def test_an_engine_that_stops_first_is_counted_as_a_deadline_cancel() -> None:
         status, body, took_s = _post(gateway.url, {"x-headway-deadline-ms": "2000"})
         assert status == 504 and body["error"]["code"] == "deadline_exceeded", body
         assert took_s < 1.5, took_s  # the engine's stop at ~1 s, not the gateway's at 2 s
-        conn = http.client.HTTPConnection(gateway.url.split("//")[1], timeout=30)
-        conn.request(
-            "POST", "/v1/completions", json.dumps({**BODY, "stream": True}).encode(),
-            {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
-             "x-headway-deadline-ms": "2000"},
-        )  # fmt: skip
-        try:
-            text = conn.getresponse().read().decode()
-        finally:
-            conn.close()
-        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        _, events, _ = _stream(gateway.url, "2000")
         assert "[DONE]" not in events
         assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
 

@@ -143,12 +143,11 @@ class DesiredReplicas:
         if self.next_evaluation_s is not None:
             window_s = max(interval_s, now - self.next_evaluation_s + interval_s)
         self.next_evaluation_s = now + interval_s
-        oldest_s: dict[str, float] = {}
+        oldest_s: dict[_Pool, float] = {}
         for route, wait_s in (oldest_wait_by_route or {}).items():
             lane_pool = self.pool_of(route)
-            for name, pool in self._pools.items():
-                if pool is lane_pool:
-                    oldest_s[name] = max(oldest_s.get(name, 0.0), wait_s)
+            if lane_pool is not None:
+                oldest_s[lane_pool] = max(oldest_s.get(lane_pool, 0.0), wait_s)
         for name, pool in self._pools.items():
             ready = [u for u in upstreams if (u.route or DEFAULT_POOL) == name and u.ready_at(now)]
             starting = 0
@@ -158,7 +157,7 @@ class DesiredReplicas:
                 ready_replicas=len(ready),
                 starting_replicas=starting,
                 queue_delay_s=window_queue_delay_s(
-                    pool.wait_s, pool.admitted, oldest_s.get(name, 0.0)
+                    pool.wait_s, pool.admitted, oldest_s.get(pool, 0.0)
                 ),
                 admitted_tokens_per_s=pool.admitted_tokens / window_s,
                 kv_occupancy=(

@@ -335,11 +335,11 @@ class UpstreamRelay(ShedAnswers):
                     record.tokens_out = stream_usage(tail)
                     record.relayed = True
                 await out.write(chunk)
-            if not record.relayed and stopped_at_deadline(resp.status, tail):
-                record.deadline_cancelled = True  # the engine stopped it at its budget
-                await out.write_eof()
-                return out, None, False
             if not record.relayed:  # an upstream that ends its stream without [DONE]
+                if stopped_at_deadline(resp.status, tail):
+                    record.deadline_cancelled = True  # the engine stopped it at its budget
+                    await out.write_eof()
+                    return out, None, False
                 record.tokens_out = stream_usage(tail)
                 record.relayed = True
             await out.write_eof()

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from headway.core.engine.catalog import GPUS, MODELS, GpuSpec, ModelSpec, get_gpu, get_model
 from headway.core.engine.efficiency import EfficiencyTable, GemmEfficiency, parse_efficiency_table
-from headway.core.engine.roofline import RooflineStepTime, blend, gemm_time_s
+from headway.core.engine.roofline import (
+    EAGER_LAUNCH_PER_LAYER_S,
+    PIECEWISE_LAUNCH_PER_LAYER_S,
+    RooflineStepTime,
+    blend,
+    gemm_time_s,
+)
 from headway.core.engine.steptime import BatchShape, StepTimeModel, prefill_pairs
 from headway.core.errors import ConfigError
 from headway.data import load_efficiency_table
@@ -29,14 +35,14 @@ def _calibration_dir() -> Path:
     return require_shared(CALIBRATION)
 
 
-def _step(model: str, gpu: str, tp: int = 1, **kwargs: float) -> RooflineStepTime:
+def _step(model: str, gpu: str, tp: int = 1, **kwargs: float | str) -> RooflineStepTime:
     g = get_gpu(gpu)
     return RooflineStepTime(
         model=get_model(model),
         gpu=g,
         efficiency=TABLE.profile_for(g),
         tensor_parallel=tp,
-        **kwargs,
+        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -53,6 +59,13 @@ CONFIGS = [
     ("bloom-176b", "h100-sxm", 8),
 ]
 STEPS = {config: _step(*config) for config in CONFIGS}
+# The same properties hold for every way an engine launches its kernels.
+MODED = {
+    f"{'-'.join(map(str, config))}-{mode}": _step(*config, cuda_graphs=mode)
+    for config in (CONFIGS[0], CONFIGS[5], CONFIGS[8])
+    for mode in ("eager", "piecewise")
+}
+ALL_STEPS = {"-".join(map(str, c)): s for c, s in STEPS.items()} | MODED
 
 
 @st.composite
@@ -105,10 +118,10 @@ def _independent_roofline_s(step: RooflineStepTime, batch: BatchShape) -> float:
     return max(flops / peak, nbytes / step.gpu.hbm_bandwidth_bytes_per_s)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["-".join(map(str, c)) for c in CONFIGS])
+@pytest.mark.parametrize("step_id", list(ALL_STEPS))
 @given(batch=batches())
-def test_no_prediction_beats_the_roofline(config: tuple[str, str, int], batch: BatchShape) -> None:
-    step = STEPS[config]
+def test_no_prediction_beats_the_roofline(step_id: str, batch: BatchShape) -> None:
+    step = ALL_STEPS[step_id]
     predicted = step.step_time_s(batch)
     assert predicted > 0
     assert predicted >= step.roofline_bound_s(batch)
@@ -116,12 +129,10 @@ def test_no_prediction_beats_the_roofline(config: tuple[str, str, int], batch: B
     assert step.roofline_bound_s(batch) >= _independent_roofline_s(step, batch) * (1 - 1e-12)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["-".join(map(str, c)) for c in CONFIGS])
+@pytest.mark.parametrize("step_id", list(ALL_STEPS))
 @given(seqs=st.integers(1, 2048), kv_per_seq=st.integers(0, 128 * 1024))
-def test_decode_steps_are_exactly_affine(
-    config: tuple[str, str, int], seqs: int, kv_per_seq: int
-) -> None:
-    step = STEPS[config]
+def test_decode_steps_are_exactly_affine(step_id: str, seqs: int, kv_per_seq: int) -> None:
+    step = ALL_STEPS[step_id]
     base, per_kv = step.decode_step_affine(seqs)
     kv = seqs * kv_per_seq
     predicted = step.step_time_s(BatchShape(num_decode_seqs=seqs, decode_kv_tokens=kv))
@@ -130,7 +141,7 @@ def test_decode_steps_are_exactly_affine(
     assert per_kv > 0
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["-".join(map(str, c)) for c in CONFIGS])
+@pytest.mark.parametrize("step_id", list(ALL_STEPS))
 @given(
     batch=batches(),
     extra_prefill=st.integers(0, 4096),
@@ -138,13 +149,13 @@ def test_decode_steps_are_exactly_affine(
     extra_kv=st.integers(0, 1_000_000),
 )
 def test_more_work_is_never_faster(
-    config: tuple[str, str, int],
+    step_id: str,
     batch: BatchShape,
     extra_prefill: int,
     extra_decode: int,
     extra_kv: int,
 ) -> None:
-    step = STEPS[config]
+    step = ALL_STEPS[step_id]
     more = BatchShape(
         num_prefill_tokens=batch.num_prefill_tokens + extra_prefill,
         prefill_attention_pairs=batch.prefill_attention_pairs
@@ -194,6 +205,47 @@ def test_breakdown_sums_to_the_step_time() -> None:
     assert parts.prefill_attention_s > 0
     assert parts.decode_attention_s > 0
     assert STEPS[("llama-3-8b", "h100-sxm", 1)].breakdown(batch).all_reduce_s == 0.0
+    eager = _step("llama-2-70b", "h100-sxm", 8, cuda_graphs="eager")
+    one = BatchShape(num_decode_seqs=1, decode_kv_tokens=1000)
+    assert eager.breakdown(one).total_s == pytest.approx(eager.step_time_s(one), rel=1e-12)
+
+
+def test_an_eager_engines_decode_floor_does_not_fall_with_tensor_parallelism() -> None:
+    """Launched layer by layer from Python, a small batch's step waits on the host: from
+    TP4 to TP8 the GPU's share halves but the step does not (the shape of the 2023
+    engine's timings in splitwise-sim); with CUDA graphs it falls."""
+    one = BatchShape(num_decode_seqs=1, decode_kv_tokens=600)
+    eager = [_step("llama-2-70b", "h100-sxm", tp, cuda_graphs="eager") for tp in (4, 8)]
+    graphed = [_step("llama-2-70b", "h100-sxm", tp) for tp in (4, 8)]
+    floor_s = get_model("llama-2-70b").num_layers * EAGER_LAUNCH_PER_LAYER_S
+    assert all(s.step_time_s(one) >= floor_s for s in eager)
+    assert eager[1].step_time_s(one) > 0.9 * eager[0].step_time_s(one)
+    assert graphed[1].step_time_s(one) < 0.75 * graphed[0].step_time_s(one)
+    assert eager[1].breakdown(one).launch_s > 0
+    assert graphed[1].breakdown(one).launch_s == 0.0
+    # A large batch hides the launches under its GPU time: every mode agrees.
+    big = BatchShape(num_prefill_tokens=4000, prefill_attention_pairs=prefill_pairs(4000, 0),
+                     num_prefill_seqs=1)  # fmt: skip
+    assert eager[1].step_time_s(big) == graphed[1].step_time_s(big)
+
+
+def test_batches_larger_than_the_captured_graphs_run_eager() -> None:
+    """A batch of more tokens than ``cuda_graph_max_tokens`` has no graph; a mixed batch
+    within it runs piecewise (attention launched between the pieces) in ``full`` mode."""
+    batches = [
+        BatchShape(num_decode_seqs=4, decode_kv_tokens=4000),
+        BatchShape(num_prefill_tokens=100, prefill_attention_pairs=prefill_pairs(100, 0),
+                   num_prefill_seqs=1, num_decode_seqs=4, decode_kv_tokens=4000),
+    ]  # fmt: skip
+    none_captured = _step("llama-2-70b", "h100-sxm", 8, cuda_graph_max_tokens=0)
+    eager = _step("llama-2-70b", "h100-sxm", 8, cuda_graphs="eager")
+    full = _step("llama-2-70b", "h100-sxm", 8)
+    layers = get_model("llama-2-70b").num_layers
+    for batch in batches:
+        assert none_captured.step_time_s(batch) == eager.step_time_s(batch)
+    assert full.launch_time_s(batches[0]) == 0.0
+    assert full.launch_time_s(batches[1]) == pytest.approx(layers * PIECEWISE_LAUNCH_PER_LAYER_S)
+    assert eager.launch_time_s(batches[0]) == pytest.approx(layers * EAGER_LAUNCH_PER_LAYER_S)
 
 
 def test_decode_respects_the_published_weight_bounds() -> None:
@@ -257,6 +309,10 @@ def test_constructor_validation() -> None:
         _step("llama-3-8b", "h100-sxm", 0)
     with pytest.raises(ValueError, match=r"step_overhead_s must be in \[0, 1\)"):
         _step("llama-3-8b", "h100-sxm", 1, step_overhead_s=-1.0)
+    with pytest.raises(ValueError, match="cuda_graphs must be one of full, piecewise, eager"):
+        _step("llama-3-8b", "h100-sxm", 1, cuda_graphs="sometimes")
+    with pytest.raises(ValueError, match="cuda_graph_max_tokens must be >= 0"):
+        _step("llama-3-8b", "h100-sxm", 1, cuda_graph_max_tokens=-1)
 
 
 def test_step_time_model_protocol() -> None:

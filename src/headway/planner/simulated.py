@@ -34,6 +34,7 @@ from headway.planner import STAGES, STEADY_POINT_DURATION_S
 from headway.planner.analytic import AnalyticPlan, Episode, fluid_episodes, source_profile
 from headway.planner.demand import peak_rates
 from headway.planner.points import PlanPoint, PointTask, Replay, run_replay, run_steady
+from headway.planner.stability import StabilityCheck, stability_check
 from headway.sim.cluster import ClusterSpec, pool_cluster, pool_replicas, with_pool_replicas
 from headway.sim.sweep import Knee, SweepPoint, attainment_target, search_knee, tenant_targets
 
@@ -111,6 +112,8 @@ class KneeEstimate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     seeds: list[SeedKnee]
     pool_replicas: dict[str, int] = {}
     """Each pool's replicas (a cluster of pools or a disaggregated one; else left out)."""
+    stability: StabilityCheck | None = None
+    """μ, the KV stability boundary, beside the knee (one pool only)."""
 
 
 class BurstCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -416,9 +419,10 @@ def combine_knees(runner: PointRunner, replicas: Counts, seeds: list[SeedKnee]) 
         default=0.0,
     )
     cluster = runner.cluster_at(replicas)
+    count = cluster.replicas if isinstance(replicas, tuple) else replicas
     return KneeEstimate(
         target=attainment_target(runner.spec),
-        replicas=cluster.replicas if isinstance(replicas, tuple) else replicas,
+        replicas=count,
         pool_replicas=pool_replicas(cluster) if isinstance(replicas, tuple) else {},
         peak_tasks_per_s=peak,
         found=all(s.knee.found for s in seeds),
@@ -428,6 +432,7 @@ def combine_knees(runner: PointRunner, replicas: Counts, seeds: list[SeedKnee]) 
         load_factor=mean / peak if peak else 0.0,
         saturation_tasks_per_s=saturation,
         seeds=seeds,
+        stability=stability_check(runner.spec, cluster, count, mean),
     )
 
 

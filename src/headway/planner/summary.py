@@ -11,6 +11,7 @@ from headway.planner.answer import Answer
 from headway.planner.compare import Comparison, output_tokens_per_s_per_replica
 from headway.planner.growth import Growth
 from headway.planner.simulated import KneeEstimate, PoolsSearch, SimulatedPlan
+from headway.planner.stability import DISAGREEMENT, StabilityCheck
 from headway.sim.baddays import BadDayMatrix
 from headway.sim.cluster import pool_cluster
 
@@ -38,6 +39,17 @@ def _replicas(n: int) -> str:
 
 def _lost(n: int) -> str:
     return _COUNT_WORDS[n] if n < len(_COUNT_WORDS) else str(n)
+
+
+def _stability_line(c: StabilityCheck) -> str:
+    """μ beside the knee, and the warning when they disagree."""
+    line = (
+        f"The KV stability boundary μ is {c.mu_tasks_per_s:.3g} tasks/s (knee/μ "
+        f"{c.knee_over_mu:.2f}; analytic capacity {c.analytic_capacity_tasks_per_s:.3g})"
+    )
+    if c.warning:
+        return f"{line}: the knee and μ differ by more than {DISAGREEMENT:.0%}, {c.warning}."
+    return f"{line}."
 
 
 def _knee_of(k: KneeEstimate) -> str:
@@ -360,6 +372,8 @@ def summarize_plan(
             )
         else:
             lines.append(_capital(f"{_knee_of(k)} miss the target even at a fraction of the peak."))
+        if k.stability is not None:
+            lines.append(_stability_line(k.stability))
     if sim.bursts:
         b = max(sim.bursts, key=lambda x: x.fluid_backlog_tasks)
         ratio = b.peak_rate_per_s / peak.tasks_per_s if peak.tasks_per_s else 0.0

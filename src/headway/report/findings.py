@@ -22,6 +22,50 @@ def _per_task(point: dict[str, Any], calls_per_s: float) -> float:
     return calls_per_s * tasks / calls if calls else 0.0
 
 
+STEEP_FROM = 0.9
+"""Past this share of the saturation throughput a queue's wait grows as 1 / (1 − ρ): a
+10% error in capacity there moves the tails by an order of magnitude (seed 002: "a knee,
+not a straight line")."""
+
+
+def _steep_region_rules(knee: dict[str, Any]) -> list[Rule]:
+    """The band where tails turn steep, and μ (the KV stability boundary) when known."""
+    saturation = knee.get("saturation_tasks_per_s") or 0.0
+    rules = []
+    if saturation > 0:
+        rules.append(
+            Rule(f"tails steep from {saturation * STEEP_FROM:.3g}/s", saturation * STEEP_FROM,
+                 color="#f79009")
+        )  # fmt: skip
+    stability = knee.get("stability")
+    if stability:
+        rules.append(Rule(f"μ {stability['mu_tasks_per_s']:.3g}/s", stability["mu_tasks_per_s"]))
+    return rules
+
+
+def _steep_region_text(knee: dict[str, Any]) -> str:
+    """What the steep region and μ mean for the plan, in a sentence each."""
+    saturation = knee.get("saturation_tasks_per_s") or 0.0
+    text = ""
+    if saturation > 0:
+        text += (
+            f"<p>Past {saturation * STEEP_FROM:.3g} tasks/s ({STEEP_FROM:.0%} of saturation) "
+            "a queue's wait grows as 1/(1 − ρ): there a capacity error of 10% moves the "
+            "latency tails by an order of magnitude, so a plan that lands in this region "
+            "rests on a figure the simulator cannot promise.</p>"
+        )
+    stability = knee.get("stability")
+    if stability:
+        text += (
+            f"<p>The KV stability boundary μ is {stability['mu_tasks_per_s']:.3g} tasks/s "
+            f"(the analytic capacity {stability['analytic_capacity_tasks_per_s']:.3g}); "
+            f"knee/μ {stability['knee_over_mu']:.2f}"
+            + (f": {html.escape(stability['warning'])}" if stability.get("warning") else "")
+            + ".</p>"
+        )
+    return text
+
+
 def capacity_section(sim: dict[str, Any]) -> str:
     """SLO attainment and goodput against offered load, the knee and the peak marked."""
     knee, sweep = sim.get("knee"), sim.get("sweep") or []
@@ -34,6 +78,7 @@ def capacity_section(sim: dict[str, Any]) -> str:
             Rule(f"knee {knee['tasks_per_s']:.3g}/s", knee["tasks_per_s"], color="#c2255c")
         )
         rules.append(Rule(f"peak {knee['peak_tasks_per_s']:.3g}/s", knee["peak_tasks_per_s"]))
+        rules += _steep_region_rules(knee)
     target = knee["target"] if knee else None
     lowest = min(
         [p["sweep"]["slo_attainment"] for p in sweep]
@@ -110,6 +155,7 @@ def capacity_section(sim: dict[str, Any]) -> str:
             f"tasks/s</b> (95% interval {knee['tasks_per_s_low']:.3g}–"
             f"{knee['tasks_per_s_high']:.3g}), against a peak of {knee['peak_tasks_per_s']:.3g}; "
             f"saturated, the cluster completes {knee['saturation_tasks_per_s']:.3g} tasks/s.</p>"
+            + _steep_region_text(knee)
             + table(
                 [
                     "seed",

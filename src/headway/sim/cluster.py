@@ -28,7 +28,11 @@ from headway.core.engine.capacity import kv_capacity_tokens
 from headway.core.engine.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from headway.core.engine.efficiency import EfficiencyTable
 from headway.core.engine.replica import ReplicaModel
-from headway.core.engine.roofline import RooflineStepTime
+from headway.core.engine.roofline import (
+    DEFAULT_CUDA_GRAPH_MAX_TOKENS,
+    CudaGraphMode,
+    RooflineStepTime,
+)
 from headway.core.engine.scheduler import SchedulerConfig
 from headway.core.engine.steptime import AffineStepTime, StepTimeModel
 from headway.core.errors import ConfigError, config_error
@@ -132,6 +136,17 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     tensor_parallel: int = 1
     """GPUs per replica."""
 
+    cuda_graphs: CudaGraphMode = "full"
+    """How the engine launches a step's kernels, for the roofline: ``full`` (vLLM V1's
+    default: one graph for a decode-only batch, piecewise graphs for a mixed one),
+    ``piecewise``, or ``eager`` (``--enforce-eager``; engines without CUDA graphs, such as
+    vLLM before 0.2.6). Eager launches set a floor under small batches' steps
+    (docs/engine-model.md)."""
+
+    cuda_graph_max_tokens: int = DEFAULT_CUDA_GRAPH_MAX_TOKENS
+    """The largest batch, in tokens, the engine has graphs for; larger ones run eager
+    (vLLM's ``max_cudagraph_capture_size``)."""
+
     engine: SchedulerConfig = SchedulerConfig()
     """Scheduler and KV-cache settings (vLLM's names)."""
 
@@ -203,6 +218,11 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
         if self.tensor_parallel < 1:
             raise ValueError(f"`tensor_parallel` must be >= 1 (got {self.tensor_parallel})")
+        if self.cuda_graph_max_tokens < 0:
+            raise ValueError(
+                f"`cuda_graph_max_tokens` must be >= 0 (got {self.cuda_graph_max_tokens}); "
+                f"vLLM captures up to {DEFAULT_CUDA_GRAPH_MAX_TOKENS}"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"`gpu_memory_utilization` must be in (0, 1] (got {self.gpu_memory_utilization})"
@@ -472,6 +492,8 @@ def step_time_model(spec: ClusterSpec, efficiency: EfficiencyTable) -> StepTimeM
         gpu=gpu,
         efficiency=efficiency.profile_for(gpu),
         tensor_parallel=spec.tensor_parallel,
+        cuda_graphs=spec.cuda_graphs,
+        cuda_graph_max_tokens=spec.cuda_graph_max_tokens,
     )
 
 

@@ -26,6 +26,22 @@ point. The groups, per transformer layer and summed over the layers:
 plus the LM head (a GEMM over one row per sequence in the step) and a per-step engine
 overhead (a constant plus a cost per sequence: scheduling, sampling, detokenization).
 
+**Host launches.** The GPU runs only what the host has launched. Without CUDA graphs an
+engine launches each layer's kernels one by one from Python, and the step takes
+``max(GPU time, launch time)``: the host runs ahead of a busy GPU, and a small batch's
+GPU waits on the host (the floor under which a decode step no longer falls when tensor
+parallelism halves each GPU's weights). ``cuda_graphs`` says how the engine runs:
+``full`` (vLLM V1's default, ``FULL_AND_PIECEWISE``: a decode-only batch replays one
+graph, a mixed batch piecewise graphs with attention launched between them), ``piecewise``
+or ``eager`` (``--enforce-eager``, and engines before vLLM 0.2.6, which added CUDA
+graphs); a batch of more tokens than ``cuda_graph_max_tokens`` runs eager in every mode.
+The launch costs per layer (:data:`EAGER_LAUNCH_PER_LAYER_S`,
+:data:`PIECEWISE_LAUNCH_PER_LAYER_S`) come from published engine measurements, cited
+where they are defined; nothing is fitted to the timings ``benchmarks/fidelity.py``
+tests against. The launch time hides under the step's GPU time that does not grow with
+the KV tokens, so that decode-only steps stay exactly affine in them (a step whose KV
+reads alone outlast the launches is predicted a little slow, never fast).
+
 The efficiencies are not guesses: ``scripts/fit_efficiency.py`` fits them by least squares
 on log time to measured kernels (Vidur's GEMM and element-wise timings per GPU family,
 Vidur's FlashAttention sample and NCCL all-reduce timings) and writes
@@ -46,16 +62,16 @@ Usage (a driver loads the shipped table; the core never reads files)::
 Known limits: one fitted curve per GPU family (GEMM kernel choice makes real timings
 step-shaped in the token count; the curve is smooth), attention efficiency measured on A100
 only, no overlap of communication with compute, and the per-step engine overhead is an
-assumption to be replaced by ``headway calibrate`` for a real engine. Engines with heavy
-host-side overhead are slower than this model: ``benchmarks/fidelity.py`` finds the 2023
-engine behind splitwise-sim's timings 20-35 % slower (more at higher TP).
+assumption to be replaced by ``headway calibrate`` for a real engine. The launch costs
+are one figure per mode for every host CPU: a slower host launches more slowly
+(``benchmarks/fidelity.py`` prints the errors per GPU, tensor parallelism and mode).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from headway.core.engine.catalog import GpuSpec, ModelSpec
 from headway.core.engine.efficiency import EfficiencyProfile, GemmEfficiency
@@ -64,8 +80,13 @@ from headway.core.pickling import reduce_by_fields
 
 __all__ = [
     "ACTIVATION_BYTES",
+    "CUDA_GRAPH_MODES",
+    "DEFAULT_CUDA_GRAPH_MAX_TOKENS",
     "DEFAULT_PER_SEQ_OVERHEAD_S",
     "DEFAULT_STEP_OVERHEAD_S",
+    "EAGER_LAUNCH_PER_LAYER_S",
+    "PIECEWISE_LAUNCH_PER_LAYER_S",
+    "CudaGraphMode",
     "RooflineStepTime",
     "StepBreakdown",
     "all_reduce_time_s",
@@ -86,6 +107,36 @@ value (``headway calibrate``) for a particular engine."""
 
 DEFAULT_PER_SEQ_OVERHEAD_S: Final = 2.0e-6
 """Assumed engine cost per sequence in a step (sampling, output processing); not fitted."""
+
+CudaGraphMode = Literal["full", "piecewise", "eager"]
+"""How the engine launches a step's kernels (see the module docstring)."""
+
+CUDA_GRAPH_MODES: Final = ("full", "piecewise", "eager")
+
+EAGER_LAUNCH_PER_LAYER_S: Final = 2.3e-4
+"""Host seconds to launch one transformer layer's kernels from Python without CUDA graphs.
+
+Source: vLLM PR #51167 (github.com/vllm-project/vllm/pull/51167, 2026-08; one H200,
+Voxtral-Mini-4B-Realtime, whose decode step runs 26 decoder and 32 encoder layers):
+at batch 1, eager 60.5 tokens/s (16.5 ms a step), full CUDA graph 201.1 tokens/s
+(4.97 ms). A launch-bound eager step is the launch time plus the host work the graph
+keeps, so the launches take (16.5 − 4.97) ms plus the GPU time they hide (about
+1.8 ms: 8.7 GB of BF16 weights at 4.8 TB/s): 13.3 ms over 58 layers, 0.23 ms a layer.
+Cross-checks, not used: xLLM PR #713 (C++ launches, Qwen3-0.6B, 28 layers) saves 1.48 ms
+a step at concurrency 1 but only 0.74 ms at 30, as a launch floor hidden under a larger
+GPU time does; vLLM PR #1440 (2023, Llama-2-7B, batch 1) 12.0 ms eager vs 10.5 ms."""
+
+PIECEWISE_LAUNCH_PER_LAYER_S: Final = 1.55e-5
+"""Host seconds a layer adds with piecewise CUDA graphs (attention launched between the
+graphed pieces). Source: vLLM PR #51167, as :data:`EAGER_LAUNCH_PER_LAYER_S`: batch 1,
+piecewise 170.4 tokens/s (5.87 ms) vs full graphs 201.1 tokens/s (4.97 ms), 0.90 ms over
+58 layers. vLLM PR #16072 (full CUDA graphs in V1) reports 7% lower TPOT for Qwen2.5-1.5B
+than piecewise: the same order."""
+
+DEFAULT_CUDA_GRAPH_MAX_TOKENS: Final = 512
+"""The largest batch (in tokens) vLLM V1 captures graphs for: its default
+``max_cudagraph_capture_size`` is ``min(2 × max_num_seqs, 512)``; a larger batch (a long
+prefill chunk) runs eager."""
 
 
 # -- kernel-level cost functions ----------------------------------------------------------------
@@ -175,6 +226,8 @@ class StepBreakdown:
     decode_attention_s: float
     all_reduce_s: float
     overhead_s: float
+    launch_s: float = 0.0
+    """Host launch time the GPU waits for: the launches beyond the GPU time they hide."""
 
     @property
     def total_s(self) -> float:
@@ -187,6 +240,7 @@ class StepBreakdown:
             + self.decode_attention_s
             + self.all_reduce_s
             + self.overhead_s
+            + self.launch_s
         )
 
     def __reduce__(self) -> tuple[Callable[[], StepBreakdown], tuple[()]]:
@@ -195,7 +249,8 @@ class StepBreakdown:
 
 
 _ROOFLINE_ARGUMENTS: Final = (
-    "model", "gpu", "efficiency", "tensor_parallel", "step_overhead_s", "per_seq_overhead_s"
+    "model", "gpu", "efficiency", "tensor_parallel", "step_overhead_s", "per_seq_overhead_s",
+    "cuda_graphs", "cuda_graph_max_tokens",
 )  # fmt: skip
 """What :class:`RooflineStepTime` is built from (its other fields derive from these)."""
 
@@ -219,6 +274,10 @@ class RooflineStepTime:
     """Fixed engine cost of every non-empty step."""
     per_seq_overhead_s: float
     """Engine cost per sequence (prefill or decode) in a step."""
+    cuda_graphs: str
+    """How the engine launches a step's kernels (:data:`CudaGraphMode`)."""
+    cuda_graph_max_tokens: int
+    """Batches of more tokens than this run eager whatever ``cuda_graphs`` says."""
 
     _peak: float = field(repr=False)
     _bw: float = field(repr=False)
@@ -240,8 +299,19 @@ class RooflineStepTime:
         tensor_parallel: int = 1,
         step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
         per_seq_overhead_s: float = DEFAULT_PER_SEQ_OVERHEAD_S,
+        cuda_graphs: str = "full",
+        cuda_graph_max_tokens: int = DEFAULT_CUDA_GRAPH_MAX_TOKENS,
     ) -> None:
         tp = tensor_parallel
+        if cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(
+                f"cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)} (got {cuda_graphs!r})"
+            )
+        if cuda_graph_max_tokens < 0:
+            raise ValueError(
+                f"cuda_graph_max_tokens must be >= 0 (got {cuda_graph_max_tokens!r}); vLLM "
+                f"captures up to {DEFAULT_CUDA_GRAPH_MAX_TOKENS}"
+            )
         if tp < 1 or tp % 1:
             raise ValueError(f"tensor_parallel must be an integer >= 1 (got {tp!r})")
         if model.num_attention_heads % tp != 0:
@@ -261,6 +331,8 @@ class RooflineStepTime:
         self.tensor_parallel = tp
         self.step_overhead_s = step_overhead_s
         self.per_seq_overhead_s = per_seq_overhead_s
+        self.cuda_graphs = cuda_graphs
+        self.cuda_graph_max_tokens = cuda_graph_max_tokens
         m = model
         h, hd = float(m.hidden_size), float(m.head_dim)
         q_heads = m.num_attention_heads / tp
@@ -325,6 +397,7 @@ class RooflineStepTime:
             layers * self._decode_attention_fixed_layer_s(batch.num_decode_seqs)
             + self._per_kv_token_s * batch.decode_kv_tokens
         )
+        unhidden = self.launch_time_s(batch) - self._gpu_fixed_s(batch)
         return StepBreakdown(
             linear_s=layers * linear,
             lm_head_s=self._lm_head_s(batch.num_decode_seqs + batch.num_prefill_seqs),
@@ -333,7 +406,20 @@ class RooflineStepTime:
             decode_attention_s=decode,
             all_reduce_s=layers * all_reduce,
             overhead_s=self._overhead_s(batch),
+            launch_s=max(0.0, unhidden),
         )
+
+    def launch_time_s(self, batch: BatchShape) -> float:
+        """Host seconds to launch the step's kernels (module docstring, host launches)."""
+        if batch.is_empty:
+            return 0.0
+        mode = self.cuda_graphs
+        if batch.num_tokens > self.cuda_graph_max_tokens:
+            mode = "eager"
+        elif mode == "full" and batch.num_prefill_tokens == 0:
+            return 0.0  # one graph replay
+        per_layer = EAGER_LAUNCH_PER_LAYER_S if mode == "eager" else PIECEWISE_LAUNCH_PER_LAYER_S
+        return self.model.num_layers * per_layer
 
     def roofline_bound_s(self, batch: BatchShape) -> float:
         """The pure roofline: ``max(FLOPs / peak, HBM bytes / bandwidth)`` of the step.
@@ -392,12 +478,18 @@ class RooflineStepTime:
         return cached
 
     def _compute_fixed_time_s(self, batch: BatchShape) -> float:
+        gpu_s = self._gpu_fixed_s(batch)
+        launch_s = self.launch_time_s(batch)
+        return (gpu_s if gpu_s >= launch_s else launch_s) + self._overhead_s(batch)
+
+    def _gpu_fixed_s(self, batch: BatchShape) -> float:
+        """GPU seconds of the step that do not grow with the decode KV tokens."""
         layers = self.model.num_layers
         per_layer = self._token_time_layer_s(batch.num_tokens)
         per_layer += self._prefill_attention_layer_s(batch)
         per_layer += self._decode_attention_fixed_layer_s(batch.num_decode_seqs)
         rows = batch.num_decode_seqs + batch.num_prefill_seqs
-        return layers * per_layer + self._lm_head_s(rows) + self._overhead_s(batch)
+        return layers * per_layer + self._lm_head_s(rows)
 
     def _overhead_s(self, batch: BatchShape) -> float:
         seqs = batch.num_decode_seqs + batch.num_prefill_seqs

@@ -19,7 +19,9 @@ What it does, as a user would, through headway's own verbs (``headway.cli.main``
    long-prompt mix (prompts of 2,500-3,800 tokens: two prefill chunks each); a shared-prefix
    trace (Mooncake ``hash_ids``); and, on a second vLLM whose KV pool is a few blocks
    (``--num-gpu-blocks-override``), a load that makes it preempt.
-5. The real knee: ``bench --sweep`` (full mode), or in ``--quick`` mode the load where the
+5. The real knee: ``bench --sweep`` (full mode; then Poisson runs at 0.9 and 1.1 times
+   it, kept out of the medians, give ``near_knee_ttft_p99_error``: where the tails move
+   most), or in ``--quick`` mode the load where the
    three Poisson points' SLO attainment crosses the target (linear interpolation between
    the bracketing points; ``null`` when no point is below it), compared with the simulated
    knee found the same way from the simulated runs of those points (the search's knee is
@@ -576,6 +578,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     "--lateness-budget-ms", bench.lateness_ms])  # fmt: skip
             knee_real = float(json.loads(stdout)["knee"]["load_factor"])
             extra["knee_real_method"] = "bench --sweep"
+            extra.update(near_knee_tails(bench, knee_real, seconds))
         end_step_s = reference_step_s(url, profile)
         step_drift = end_step_s / first_step_s - 1.0
         extra["reference_step_s"] = [first_step_s, end_step_s]
@@ -597,6 +600,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     extra["wall_s"] = round(time.monotonic() - started, 1)
     return summarize(bench.results, knee_real=knee_real, knee_sim=knee_sim,
                      step_drift=step_drift, extra=extra)  # fmt: skip
+
+
+NEAR_KNEE = (0.9, 1.1)
+"""Loads, as multiples of the real knee, where the tails are checked (issue 21: the
+simulated TTFT p99 within 25% at 0.9-1.1x the knee, where a small capacity error moves
+them most)."""
+
+
+def near_knee_tails(bench: Bench, knee_real: float, seconds: float) -> dict[str, Any]:
+    """Poisson runs at :data:`NEAR_KNEE` times the real knee, kept out of the medians:
+    ``near_knee_ttft_p99_error`` is the largest |error| of their TTFT p99, ``near_knee``
+    each run's real and simulated TTFT p99."""
+    runs: dict[str, dict[str, Any]] = {}
+    for share in NEAR_KNEE:
+        name = f"near-knee-{round(share * 100)}"
+        path = bench.workload_file(name, poisson_workload(share * knee_real, seconds, seed=13))
+        bench.measure(name, path)
+        result = bench.results.pop(name)
+        runs[name] = {
+            "load_calls_per_s": round(share * knee_real, 3),
+            "ttft_p99_error": result.get("ttft_p99_error"),
+            "ttft_p99_real": result["real"]["ttft_p99"],
+            "ttft_p99_sim": result["sim"]["ttft_p99"],
+        }
+    errors = [abs(r["ttft_p99_error"]) for r in runs.values() if r["ttft_p99_error"] is not None]
+    return {"near_knee": runs, "near_knee_ttft_p99_error": max(errors) if errors else None}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

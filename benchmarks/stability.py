@@ -35,12 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from headway.core.engine.stability import stability_boundary
 from headway.core.workload.compile import compile_workload
-from headway.data import load_efficiency_table
 from headway.files.workload import parse_workload
-from headway.planner.stability import stability_check
-from headway.sim.cluster import num_kv_blocks, parse_cluster, step_time_model
+from headway.planner.stability import replica_capacity
+from headway.sim.cluster import parse_cluster
 from headway.sim.run import simulate_compiled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,19 +87,11 @@ def row(mix: str, pairs: list[tuple[int, int]], blocks: int, duration_s: float) 
     cluster = parse_cluster(
         {"replicas": 1, "model": "llama-3-8b", "gpu": "h100-sxm", "num_kv_blocks": blocks}
     )
-    probe = _workload(pairs, 1.0, duration_s)
-    check = stability_check(probe, cluster, 1, 0.0)
-    assert check is not None
-    compiled = compile_workload(probe, seed=1)
-    boundary = stability_boundary(
-        step_time_model(cluster, load_efficiency_table()),
-        kv_capacity_tokens=num_kv_blocks(cluster) * cluster.engine.block_size,
-        input_tokens=compiled.call_input_tokens,
-        output_tokens=compiled.call_output_tokens,
-        max_num_seqs=cluster.engine.max_num_seqs,
-    )
+    capacity = replica_capacity(_workload(pairs, 1.0, duration_s), cluster)
+    assert capacity is not None
+    boundary = capacity.boundary
     mu = boundary.mu_requests_per_s
-    analytic = check.analytic_capacity_tasks_per_s
+    analytic = capacity.analytic.requests_per_s  # one call per task here
     offered = 1.5 * max(mu, analytic)
     workload = compile_workload(_workload(pairs, offered, duration_s), seed=1)
     result, outcome = simulate_compiled(workload, cluster)

@@ -11,18 +11,24 @@ safer figure. The plan reports μ beside the knee and warns past :data:`DISAGREE
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
-from headway.core.engine.capacity import max_throughput
-from headway.core.engine.stability import stability_boundary
+from headway.core.engine.capacity import ThroughputEstimate, max_throughput
+from headway.core.engine.stability import StabilityBoundary, stability_boundary
 from headway.core.workload.compile import compile_workload
 from headway.core.workload.spec import WorkloadSpec
 from headway.data import load_efficiency_table
 from headway.sim.cluster import ClusterSpec, num_kv_blocks, resolve_model_gpu, step_time_model
 
-__all__ = ["DISAGREEMENT", "StabilityCheck", "stability_check"]
+__all__ = [
+    "DISAGREEMENT",
+    "ReplicaCapacity",
+    "StabilityCheck",
+    "replica_capacity",
+    "stability_check",
+]
 
 DISAGREEMENT = 0.15
 """The plan warns when the knee and μ differ by more than this fraction of μ."""
@@ -48,23 +54,30 @@ class StabilityCheck(msgspec.Struct, frozen=True, kw_only=True):
     """Set when the knee and μ differ by more than :data:`DISAGREEMENT`: the likely cause."""
 
 
-def stability_check(
-    spec: WorkloadSpec, cluster: ClusterSpec, replicas: int, knee_tasks_per_s: float
-) -> StabilityCheck | None:
-    """μ for ``replicas`` replicas of ``cluster`` under the workload's calls; None for a
-    cluster of pools or a disaggregated one (no single pool to set μ for) or no calls."""
+class ReplicaCapacity(NamedTuple):
+    """One replica's capacity figures for a workload's calls."""
+
+    boundary: StabilityBoundary
+    """μ and what bounds it."""
+    analytic: ThroughputEstimate
+    """The analytic saturation throughput of the mean call."""
+    calls_per_task: float
+
+
+def replica_capacity(spec: WorkloadSpec, cluster: ClusterSpec) -> ReplicaCapacity | None:
+    """μ and the analytic capacity of one replica of ``cluster`` under the workload's
+    calls; None for a cluster of pools or a disaggregated one (no single pool to set μ
+    for) or a workload without calls."""
     if cluster.pools or cluster.disaggregation is not None:
         return None
     workload = compile_workload(spec, seed=spec.seed)
     if workload.num_calls == 0 or workload.num_tasks == 0:
         return None
-    calls_per_task = workload.num_calls / workload.num_tasks
     step = step_time_model(cluster, load_efficiency_table())
     engine = cluster.engine
-    kv_tokens = num_kv_blocks(cluster) * engine.block_size
     boundary = stability_boundary(
         step,
-        kv_capacity_tokens=kv_tokens,
+        kv_capacity_tokens=num_kv_blocks(cluster) * engine.block_size,
         input_tokens=workload.call_input_tokens,
         output_tokens=workload.call_output_tokens,
         max_num_seqs=engine.max_num_seqs,
@@ -82,6 +95,18 @@ def stability_check(
         block_size=engine.block_size,
         gpu_memory_utilization=cluster.gpu_memory_utilization,
     )
+    return ReplicaCapacity(boundary, analytic, workload.num_calls / workload.num_tasks)
+
+
+def stability_check(
+    spec: WorkloadSpec, cluster: ClusterSpec, replicas: int, knee_tasks_per_s: float
+) -> StabilityCheck | None:
+    """μ for ``replicas`` replicas of ``cluster`` beside the knee (None where
+    :func:`replica_capacity` is)."""
+    capacity = replica_capacity(spec, cluster)
+    if capacity is None:
+        return None
+    boundary, analytic, calls_per_task = capacity
     mu_tasks = boundary.mu_requests_per_s * replicas / calls_per_task
     ratio = knee_tasks_per_s / mu_tasks if mu_tasks > 0 else 0.0
     return StabilityCheck(
@@ -89,7 +114,7 @@ def stability_check(
         mu_calls_per_s_per_replica=boundary.mu_requests_per_s,
         analytic_capacity_tasks_per_s=analytic.requests_per_s * replicas / calls_per_task,
         bound=boundary.bound,
-        kv_capacity_tokens=kv_tokens,
+        kv_capacity_tokens=boundary.kv_capacity_tokens,
         mean_kv_demand_token_steps=boundary.mean_kv_demand_token_steps,
         mean_step_s=boundary.mean_step_s,
         knee_over_mu=ratio,

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from headway.core.engine.catalog import GpuSpec, ModelSpec
 from headway.core.engine.efficiency import EfficiencyProfile, GemmEfficiency
@@ -111,7 +111,7 @@ DEFAULT_PER_SEQ_OVERHEAD_S: Final = 2.0e-6
 CudaGraphMode = Literal["full", "piecewise", "eager"]
 """How the engine launches a step's kernels (see the module docstring)."""
 
-CUDA_GRAPH_MODES: Final = ("full", "piecewise", "eager")
+CUDA_GRAPH_MODES: Final = get_args(CudaGraphMode)
 
 EAGER_LAUNCH_PER_LAYER_S: Final = 2.3e-4
 """Host seconds to launch one transformer layer's kernels from Python without CUDA graphs.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository (this file is benchmarks/support/old_source.py)."""
 
 
 def export_src(rev: str, folder: Path) -> Path:

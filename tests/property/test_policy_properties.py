@@ -159,12 +159,15 @@ def test_backlogged_tenants_get_tokens_in_proportion_to_weight(
                 cost_tokens=int(rng.integers(1, 500)),
             )
     served: Counter[str] = Counter()
+    # A pop every 50 ms: each request waits about 2 s behind the 40 queued, past the
+    # queues' fair_after_s, so the band is contended and fair-queued (a band whose
+    # requests all leave within fair_after_s keeps arrival order instead).
     for k in range(2000):
-        got = queues.try_pop(k * 0.001, total_slots=10, running={})
+        got = queues.try_pop(k * 0.05, total_slots=10, running={})
         assert got is not None
         served[got.tenant] += got.cost_tokens
         queues.push(
-            k * 0.001,
+            k * 0.05,
             got.tenant,
             band="interactive",
             tenant=got.tenant,

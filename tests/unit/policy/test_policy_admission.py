@@ -408,9 +408,11 @@ def test_a_client_waiting_retry_after_finds_room_in_a_steady_state() -> None:
 def test_a_work_conserving_budget_lends_idle_capacity_and_binds_under_contention() -> None:
     """Over its bucket, a tenant with a work-conserving budget is admitted while nobody
     else is kept waiting; refused once another tenant's call has waited
-    ``contended_after_s``, or when it finds no free slot while another tenant runs."""
+    ``contended_after_s``. Full dispatch slots while another tenant runs are not yet
+    contention (a burst the engines hold fills them): the call waits its turn."""
     limits = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
-    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": limits}))
+    other = TenantLimits(token_rate_per_s=10_000.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": limits, "initech": other}))
     big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 > the 100-token bucket
     assert policy.decide(NOW, big, _snapshot()) == Admit()
     assert policy.decide(NOW, big, _snapshot()) == Admit()  # again: idle capacity is lent
@@ -421,9 +423,35 @@ def test_a_work_conserving_budget_lends_idle_capacity_and_binds_under_contention
     briefly = _snapshot(tenant_queues={"initech": replace(waited, oldest_wait_s=0.1)})
     assert policy.decide(NOW, big, briefly) == Admit()  # a moment's wait is not contention
     full = _snapshot(free_slots={}, tenants={"initech": TenantLoad(in_flight_requests=3)})
-    _shed(policy.decide(NOW, big, full), ShedReason.TENANT_TOKEN_RATE)
+    assert isinstance(policy.decide(NOW, big, full), Enqueue)
+    full_and_waiting = _snapshot(
+        free_slots={},
+        tenants={"initech": TenantLoad(in_flight_requests=3)},
+        tenant_queues={"initech": waited},
+    )
+    _shed(policy.decide(NOW, big, full_and_waiting), ShedReason.TENANT_TOKEN_RATE)
+    no_kv = _snapshot(free_kv_blocks=0, tenants={"initech": TenantLoad(in_flight_requests=3)})
+    _shed(policy.decide(NOW, big, no_kv), ShedReason.TENANT_TOKEN_RATE)  # memory others use
     alone = _snapshot(free_slots={})
     assert isinstance(policy.decide(NOW, big, alone), Enqueue)  # nobody to protect: it waits
     hard = AdmissionPolicy(AdmissionConfig(tenants={"acme": TenantLimits(
         token_rate_per_s=100.0, burst_s=1.0)}))  # fmt: skip
     _shed(hard.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)  # never passes
+
+
+def test_a_work_conserving_budget_borrows_only_the_capacity_the_others_leave() -> None:
+    """The budgets' pool (their rates summed, the capacity their shares split) lends a
+    tenant over its own bucket only what it holds: a flood drains it within its burst
+    and then meets its own budget though nobody waits yet, while a tenant within its
+    share still passes on its own bucket; the pool refills at the capacity's rate."""
+    acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_300.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": acme, "initech": initech}))
+    big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 tokens
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # the pool: 2,400 -> 1,200
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # -> 0
+    shed = _shed(policy.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+    assert shed.retry_after_s is not None and shed.retry_after_s > 0
+    mine = replace(big, tenant="initech")
+    assert policy.decide(NOW, mine, _snapshot()) == Admit()  # its own share: never lent away
+    assert policy.decide(NOW + 1.0, big, _snapshot()) == Admit()  # refilled by 2,400

@@ -20,6 +20,7 @@ def _config(**fields: object) -> QueueConfig:
         "interactive": BandConfig(**ROOMY),  # type: ignore[arg-type]
         "background": BandConfig(**ROOMY),  # type: ignore[arg-type]
         "max_queued_per_tenant": 100_000,
+        "fair_after_s": 0.0,  # strict SFQ: these tests pop at once, before anyone waits
     }
     base.update(fields)
     return QueueConfig(**base)  # type: ignore[arg-type]
@@ -117,6 +118,34 @@ def test_fifo_within_a_tenant() -> None:
     for i in range(5):
         queues.push(float(i), f"r{i}", band="interactive", tenant="a", cost_tokens=10 * (5 - i))
     assert [_pop_free(queues, 9.0).item for _ in range(5)] == [f"r{i}" for i in range(5)]  # type: ignore[union-attr]
+
+
+def _burst_then_light(fair_after_s: float) -> tuple[PriorityQueues[str], Dispatcher]:
+    queues = PriorityQueues[str](_config(fair_after_s=fair_after_s))
+    for i in range(4):
+        queues.push(0.0, f"burst-{i}", band="interactive", tenant="bursty", cost_tokens=1000)
+    queues.push(0.1, "light-0", band="interactive", tenant="light", cost_tokens=10)
+    return queues, Dispatcher(queues, total_slots=2)
+
+
+def test_a_band_keeps_arrival_order_until_its_oldest_request_has_waited() -> None:
+    """While nobody has waited ``fair_after_s`` the band is FIFO across tenants: a burst
+    the engines hold is not put behind a steady stream that arrived after it (issue 17:
+    reordering it cost the bursty tenant attainment FIFO kept). Once the oldest request
+    has waited that long, SFQ orders the band, and the tags that FIFO advanced put the
+    tenant that took most last."""
+    _, fifo = _burst_then_light(0.5)
+    assert [g.item for g in fifo.drain(0.2)] == ["burst-0", "burst-1"]  # waits < 0.5 s
+    fifo.running.clear()  # both finished
+    assert [g.item for g in fifo.drain(0.6)] == ["light-0", "burst-2"]  # burst-2 waited 0.6 s
+    _, fair = _burst_then_light(0.0)
+    assert [g.item for g in fair.drain(0.2)] == ["burst-0", "light-0"]  # strict SFQ
+
+
+def test_fair_after_s_must_be_a_non_negative_number() -> None:
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="fair_after_s"):
+            QueueConfig(fair_after_s=bad)
 
 
 # -------------------------------------------------------------------------- bands and slots

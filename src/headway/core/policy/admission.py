@@ -113,6 +113,7 @@ from headway.core.policy._checks import is_finite_above, require
 from headway.core.policy.decisions import Admit, Decision, Enqueue, Shed, ShedReason
 from headway.core.policy.queues import (
     BANDS,
+    FAIR_AFTER_S,
     PriorityQueues,
     QueuesStatistics,
     QueueStatistics,
@@ -154,17 +155,18 @@ class TenantLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     work_conserving: bool = False
     """``true``: the budget binds only under contention. A request over the bucket is
-    admitted (and takes nothing from it) unless another tenant has a request that has
-    waited ``contended_after_s`` in the queues: capacity nobody else is kept waiting for
-    is not withheld (fair queuing orders the calls that do wait). Once another tenant is
-    kept waiting, the bucket binds as usual, so a flood is refused exactly when it takes
-    others' share. ``false`` (the default): a hard budget, refused even while the rest is
-    idle."""
+    admitted (and takes nothing from it) while the pool of the work-conserving budgets
+    (their rates summed: the capacity they split) holds its tokens and no other tenant
+    has a request that has waited ``contended_after_s`` in the queues: capacity nobody
+    else uses is not withheld. Once the pool is empty or another tenant is kept waiting,
+    the bucket binds as usual, so a flood is refused exactly when it takes others' share.
+    ``false`` (the default): a hard budget, refused even while the rest is idle."""
 
-    contended_after_s: float = 0.5
+    contended_after_s: float = FAIR_AFTER_S
     """For a ``work_conserving`` budget: how long another tenant's request must have
     waited for the budget to bind (a moment's queueing behind a burst is not yet
-    contention; seconds of it are)."""
+    contention; seconds of it are). The default is the queues' ``fair_after_s``: the wait
+    at which fair queuing starts to order a band is the one at which budgets bind."""
 
     def __post_init__(self) -> None:
         require(
@@ -460,6 +462,8 @@ class AdmissionPolicy:
     def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.config = config if config is not None else AdmissionConfig()
         self._buckets: dict[str, TokenBucket] = {}
+        self._pool: TokenBucket | None = None
+        self._pool_built = False
         self._tickets: dict[int, _Ticket] = {}
         self._ticket_expiry: list[tuple[float, int]] = []
         self._ticket_credit: dict[str, float] = {}
@@ -489,6 +493,7 @@ class AdmissionPolicy:
         debt; a tenant whose budget was removed loses its bucket."""
         old = self.config
         self.config = config
+        self._pool, self._pool_built = None, False  # rebuilt (full) from the new budgets
         for tenant, bucket in list(self._buckets.items()):
             if old.limits(tenant) == config.limits(tenant):
                 continue
@@ -765,7 +770,7 @@ class AdmissionPolicy:
         )
         on_credit = ticket is not None and ticket.credit_tokens > 0
         if load.free_slots.get(band, 0) > 0 and nothing_ahead and kv_fits:
-            self._debit(now, bucket, request.cost_tokens, on_credit)
+            self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)
             return Admit()
 
         band_queue = bands[band]
@@ -779,7 +784,7 @@ class AdmissionPolicy:
                     f"{name} holds {stats.queued_requests} requests, twice its bound of "
                     f"{stats.max_queued_requests}: no more ticketed retries fit",
                 )
-            self._debit(now, bucket, request.cost_tokens, on_credit)
+            self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)
             return Enqueue(band, band_queue.predicted_wait_s(cfg.wait_basis), front=True)
         promise = (band, request.cost_tokens)
         wait_s = self._wait_s(band_queue, band, request, load, service_s)
@@ -826,7 +831,7 @@ class AdmissionPolicy:
             )
             return self._promise(now, shed, request, drain_s, promise)
 
-        self._debit(now, bucket, request.cost_tokens, on_credit)
+        self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)
         return Enqueue(band, wait_s)
 
     def _drain_rate(
@@ -912,14 +917,49 @@ class AdmissionPolicy:
         promised = dataclasses.replace(shed, retry_after_s=max(retry_s, 0.0))
         return self._with_ticket(now, promised, request, promise=promise)
 
-    @staticmethod
-    def _debit(now: float, bucket: TokenBucket | None, tokens: int, on_credit: bool) -> None:
+    def _debit(
+        self, now: float, tenant: str, bucket: TokenBucket | None, tokens: int, on_credit: bool
+    ) -> None:
+        """Charge an admitted request to its tenant's bucket (nothing when it borrowed:
+        the bucket is short) and, for a work-conserving budget, to the pool."""
         if bucket is None:
             return
         if on_credit:
             bucket.take_on_credit(now, tokens)
         else:
             bucket.try_take(now, tokens)
+        pool = self._pool_bucket(now)
+        if pool is not None and self.config.limits(tenant).work_conserving:
+            pool.take_on_credit(now, tokens)
+
+    def _pool_bucket(self, now: float) -> TokenBucket | None:
+        """The capacity work-conserving budgets share, and the idle part of it that a
+        tenant over its own bucket may borrow (None: no such budget).
+
+        A bucket at the sum of those tenants' rates (the capacity their shares split),
+        holding the sum of their bursts, charged with every request they are admitted:
+        a tenant borrows only while the pool holds its request, so together they never
+        take more than the capacity (a hierarchical token bucket's parent, as Linux's HTB
+        lends a class's unused rate to its siblings). A burst the cluster can absorb
+        passes whole; a flood several times the capacity empties the pool within seconds
+        and then meets its own budget, whoever is waiting."""
+        if self._pool_built:
+            return self._pool
+        self._pool_built = True
+        lending = [
+            (limits.token_rate_per_s, limits.burst_tokens)
+            for limits in self.config.tenants.values()
+            if limits.work_conserving
+            and limits.token_rate_per_s is not None
+            and limits.burst_tokens is not None
+        ]
+        if lending:
+            self._pool = TokenBucket(
+                rate_per_s=sum(r for r, _ in lending),
+                capacity_tokens=sum(b for _, b in lending),
+                now=now,
+            )
+        return self._pool
 
     def _refuse_impossible(
         self,
@@ -1014,8 +1054,12 @@ class AdmissionPolicy:
             cost = request.cost_tokens
             reserved = self._ticket_credit.get(request.tenant, 0.0)
             level = bucket.level(now)
-            borrow = limits.work_conserving and not self._contended(
-                request, load, limits.contended_after_s
+            pool = self._pool_bucket(now)
+            borrow = (
+                limits.work_conserving
+                and pool is not None
+                and pool.level(now) >= cost
+                and not self._contended(request, load, limits.contended_after_s)
             )
             if level - reserved < cost and not borrow:
                 wait = (min(cost, bucket.capacity_tokens) + reserved - level) / bucket.rate_per_s
@@ -1062,9 +1106,16 @@ class AdmissionPolicy:
 
     def _contended(self, request: AdmissionRequest, load: LoadSnapshot, after_s: float) -> bool:
         """Whether ``request``'s tenant competes with others now (a work-conserving budget
-        binds): another tenant's request has waited ``after_s`` in the queues, or the
-        request finds no free dispatch slot or KV room while another tenant has requests
-        in flight (it would take capacity the others are using)."""
+        binds even with idle capacity in the pool): another tenant's request has waited
+        ``after_s`` in the queues, or the request finds no KV room while another tenant
+        has requests in flight (it would take memory the others are using).
+
+        Full dispatch slots are not contention: a burst fills them at a load the engines
+        hold, and the calls it queues start within their SLO in arrival order (the queues
+        keep arrival order until a request has waited ``fair_after_s``). With full slots
+        as the signal a bursty tenant was refused 67 calls at a load FIFO served at 97.5%
+        (issue 17); what a flood takes from the others shows in the pool instead
+        (:meth:`_pool_bucket`)."""
         if _others_waiting(load, request.tenant, after_s):
             return True
         others = any(
@@ -1074,7 +1125,7 @@ class AdmissionPolicy:
             return False
         blocks = self.projected_kv_blocks(request)
         room = load.free_kv_blocks - self.reserve_blocks(load.total_kv_blocks)
-        return load.free_slots.get(request.priority, 0) <= 0 or blocks > room
+        return blocks > room
 
     @staticmethod
     def _full_queue(

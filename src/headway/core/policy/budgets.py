@@ -16,10 +16,12 @@ or control work that is governed by its priority band) get no budget; with fewer
 two entitled tenants there is nobody to protect and nothing is budgeted.
 
 ``work_conserving`` budgets bind only under contention (``TenantLimits.work_conserving``):
-a tenant over its share is admitted while no other tenant waits, and refused once one
-does. Hard budgets refuse a tenant above its share even while the others are idle: the
-strictest isolation, at the cost of capacity nobody else wanted (at normal load a trace's
-small, bursty tenants were refused a third of their calls that way).
+a tenant over its share borrows from the pool of the budgets' summed rates (the capacity
+their shares split) what the others leave of it, while no other tenant waits; a flood
+drains the pool within seconds and then meets its own budget. Hard budgets refuse a
+tenant above its share even while the others are idle: the strictest isolation, at the
+cost of capacity nobody else wanted (at normal load a trace's small, bursty tenants were
+refused a third of their calls that way).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import math
 from collections.abc import Mapping
 
 from headway.core.policy.admission import TenantLimits
+from headway.core.policy.queues import FAIR_AFTER_S
 
 __all__ = ["share_budgets"]
 
@@ -38,8 +41,11 @@ def share_budgets(
     *,
     burst_s: float = 10.0,
     work_conserving: bool = False,
+    contended_after_s: float = FAIR_AFTER_S,
 ) -> dict[str, TenantLimits]:
-    """Token budgets of the tenants with a positive share (see the module docstring)."""
+    """Token budgets of the tenants with a positive share (see the module docstring);
+    ``contended_after_s``: the wait that binds a work-conserving one (the queues'
+    ``fair_after_s``)."""
     if not (math.isfinite(capacity_tokens_per_s) and capacity_tokens_per_s > 0):
         raise ValueError(
             f"capacity_tokens_per_s must be a positive number (got {capacity_tokens_per_s!r})"
@@ -53,6 +59,7 @@ def share_budgets(
             token_rate_per_s=s / total * capacity_tokens_per_s,
             burst_s=burst_s,
             work_conserving=work_conserving,
+            contended_after_s=contended_after_s,
         )
         for t, s in entitled.items()
     }

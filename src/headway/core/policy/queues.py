@@ -26,7 +26,14 @@ strictly controlled share"):
 3. **Ageing**: a band's oldest request that has waited ``k * max_wait_s`` competes ``k``
    bands higher (never above ``critical``) and goes before that band's own requests. It
    still counts against its own band's slots and cap: ageing changes order, not shares.
-4. **Weighted fair queuing by token cost within a band**, between tenants. The variant is
+4. **Arrival order until someone waits**: while a band's oldest request has waited less
+   than ``fair_after_s``, the band serves its oldest request first, whatever its tenant
+   (what a lone engine's FIFO would do), so a tenant within its share is not reordered
+   behind others while nobody is kept waiting; the fair-queuing tags below still advance
+   with every request served, so the tenant that took most is the one served last once
+   waits grow.
+5. **Weighted fair queuing by token cost within a band**, between tenants, once a band's
+   oldest request has waited ``fair_after_s`` (contention). The variant is
    start-time fair queuing (SFQ, Goyal, Vin and Cheng 1996): each tenant's head request
    gets a start tag ``S = max(V, F_tenant)``; the head with the smallest ``S`` is served
    (ties: the earlier push); serving it sets ``V = S`` and ``F_tenant = S + cost_tokens /
@@ -35,7 +42,7 @@ strictly controlled share"):
    of its tenant's FIFO, not at push, so a request removed by expiry never charges its
    tenant. SFQ needs no estimate of the server's rate, which suits an engine whose speed
    changes with batch shape.
-5. Within a tenant and band: first in, first out.
+6. Within a tenant and band: first in, first out.
 
 Expiry: a request whose ``deadline_s <= now`` is never dispatched; :meth:`try_pop` sets
 such requests aside and the next :meth:`expire` returns them, so none is lost.
@@ -69,6 +76,7 @@ from headway.core.workload.spec import PRIORITIES, Priority
 
 __all__ = [
     "BANDS",
+    "FAIR_AFTER_S",
     "Band",
     "BandConfig",
     "PriorityQueues",
@@ -92,6 +100,11 @@ SLOTS_PER_RESERVED: Final = 16
 
 MAX_AUTO_RESERVED_SLOTS: Final = 2
 """... and at most this many (enough for a probe and a control action)."""
+
+FAIR_AFTER_S: Final = 0.5
+"""How long a band's oldest request waits before fair queuing orders the band
+(:attr:`QueueConfig.fair_after_s`); also when a work-conserving tenant budget binds
+(``TenantLimits.contended_after_s``): one notion of contention for both."""
 
 WaitBasis = Literal["tokens", "requests"]
 """Whether a predicted wait divides queued tokens by the token drain rate, or queued
@@ -176,6 +189,13 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Window over which drain rates are measured: long enough to span several
     completions, short enough to follow a burst."""
 
+    fair_after_s: float = FAIR_AFTER_S
+    """Fair queuing orders a band once its oldest request has waited this long; until
+    then the band serves in arrival order across tenants. Fairness is for contention: at
+    a load the engines hold, reordering only moves one tenant's calls behind another's
+    (a bursty tenant's burst behind a steady tenant's stream) and costs it attainment
+    that FIFO would have kept (issue 17). 0: always fair (strict SFQ)."""
+
     def __post_init__(self) -> None:
         require(
             self.max_queued_per_tenant >= 1,
@@ -219,6 +239,13 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "drain_window_s",
             self.drain_window_s,
             "use a number of seconds > 0, e.g. 10",
+        )
+        require(
+            math.isfinite(self.fair_after_s) and self.fair_after_s >= 0,
+            "queues",
+            "fair_after_s",
+            self.fair_after_s,
+            "use seconds >= 0 (0: always fair-queue; default 0.5)",
         )
 
     def band(self, band: Band) -> BandConfig:
@@ -831,7 +858,10 @@ class PriorityQueues(Generic[T]):
                     key = (effective, 0, oldest.queued.enqueued_s, oldest.seq)
                     if best is None or key < best:
                         best, chosen = key, (band, oldest)
-            head = queue.next_fair() if eligible is None else queue.next_fair_among(eligible)
+            if oldest is not None and now - oldest.queued.enqueued_s < self.config.fair_after_s:
+                head: _Entry[T] | None = oldest  # nobody kept waiting: arrival order
+            else:
+                head = queue.next_fair() if eligible is None else queue.next_fair_among(eligible)
             if head is not None:
                 key = (level, 1, 0.0, 0)
                 if best is None or key < best:

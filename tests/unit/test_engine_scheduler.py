@@ -255,8 +255,13 @@ def test_preempted_request_reuses_its_own_cached_blocks() -> None:
         plan, outputs = run_step(sched)
         if "b" in plan.admitted_ids:
             break
-    # b's first block (16 tokens) survived in the cache; its second was evicted.
-    assert sched.num_prefix_hit_tokens == 16
+    # b's first block (16 tokens) survived in the cache; its second was evicted. The hit
+    # counts apart from first admissions', as in vLLM's counters (a recompute's own
+    # blocks are not a prefix shared between requests).
+    assert sched.num_prefix_hit_tokens == 0
+    assert sched.num_preempted_hit_tokens == 16
+    assert sched.num_preempted_queried_tokens == b.num_tokens - 1  # before its new token
+    assert sched.num_prefix_queried_tokens == 32  # a and b, first admitted with 16 each
     assert plan.num_scheduled_tokens["b"] == (b.num_tokens - 1) - 16  # before its new token
     emitted += outputs.tokens["b"] + run_until_idle(sched)["b"]
     assert emitted == 40

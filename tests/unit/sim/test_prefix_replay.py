@@ -42,9 +42,12 @@ def test_trace_prefixes_hit_the_cache_and_skipping_still_equals_stepping() -> No
     fast, fast_out = simulate_compiled(w, cluster)
     slow, slow_out = simulate_compiled(w, cluster, SimOptions(skip_decode=False))
     # The whole trace reuses 65% of its prompt tokens with an infinite cache; its first two
-    # minutes on two real pools (evictions, preemptions, the last-token recompute) reuse
-    # less, but far from none (without the ids nothing is ever shared: see below).
-    assert fast.engine.prefix_hit_ratio is not None and fast.engine.prefix_hit_ratio > 0.1
+    # minutes, where most prefixes appear for the first time, on two real pools (overloaded:
+    # 67 preemptions, evictions) share little between requests, 0.56% of the tokens at
+    # first admission (1.3% on eight replicas, none preempted), but some (without the ids
+    # nothing is ever shared: see below). A preempted request's recompute that finds its
+    # own blocks is not counted, as in vLLM's counters: counted in, this read 10%+.
+    assert fast.engine.prefix_hit_ratio is not None and fast.engine.prefix_hit_ratio > 0.0
     assert fast.engine.prefix_hit_ratio == slow.engine.prefix_hit_ratio
     np.testing.assert_allclose(fast_out.calls.first_token_s, slow_out.calls.first_token_s,
                                rtol=1e-9)  # fmt: skip

@@ -332,9 +332,15 @@ class Scheduler:
         self.num_aborted = 0
         """Requests aborted so far."""
         self.num_prefix_queried_tokens = 0
-        """Known tokens of requests at admission (first or resumed), summed."""
+        """Known tokens of requests at their first admission, summed (vLLM's
+        ``vllm:prefix_cache_queries``: a preempted request's re-admission counts apart,
+        ``PrefixCacheStats.record(preempted=True)``)."""
         self.num_prefix_hit_tokens = 0
-        """Of those, tokens found in the prefix cache."""
+        """Of those, tokens found in the prefix cache (``vllm:prefix_cache_hits``)."""
+        self.num_preempted_queried_tokens = 0
+        """Known tokens of preempted requests at their re-admission, summed."""
+        self.num_preempted_hit_tokens = 0
+        """Of those, tokens found in the prefix cache (their own blocks, not yet evicted)."""
 
     # ----------------------------------------------------------------- queries
 
@@ -597,8 +603,12 @@ class Scheduler:
             req.num_computed_tokens = num_computed
             if req.num_cached_prompt_tokens < 0:
                 req.num_cached_prompt_tokens = len(hits) * bs
-            self.num_prefix_queried_tokens += req.num_tokens
-            self.num_prefix_hit_tokens += len(hits) * bs
+            if req.num_preemptions:
+                self.num_preempted_queried_tokens += req.num_tokens
+                self.num_preempted_hit_tokens += len(hits) * bs
+            else:
+                self.num_prefix_queried_tokens += req.num_tokens
+                self.num_prefix_hit_tokens += len(hits) * bs
             step.allocated[req.request_id] = len(req.block_ids)
             step.scheduled[req] = num_new
             step.admitted.append(req)

@@ -455,3 +455,20 @@ def test_a_work_conserving_budget_borrows_only_the_capacity_the_others_leave() -
     mine = replace(big, tenant="initech")
     assert policy.decide(NOW, mine, _snapshot()) == Admit()  # its own share: never lent away
     assert policy.decide(NOW + 1.0, big, _snapshot()) == Admit()  # refilled by 2,400
+
+
+def test_the_budgets_pool_takes_refunds_and_keeps_its_level_across_a_reload() -> None:
+    """Tokens charged but not used (a shorter answer, an expiry) go back to the pool as to
+    the tenant's bucket, so they can be lent again; a reload keeps what the pool held (no
+    fresh burst to borrow from)."""
+    acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_300.0, burst_s=1.0, work_conserving=True)
+    config = AdmissionConfig(tenants={"acme": acme, "initech": initech})
+    policy = AdmissionPolicy(config)
+    big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 tokens
+    assert policy.decide(NOW, big, _snapshot()) == Admit()
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # the pool is empty now
+    policy.reconfigure(NOW, config)
+    _shed(policy.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+    policy.refund(NOW, "acme", 1_200)
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # lent again

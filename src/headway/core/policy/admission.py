@@ -490,10 +490,17 @@ class AdmissionPolicy:
         """Take ``config`` from now on (a live reload). Outstanding tickets stay valid; a
         tenant whose budget changed gets a bucket at the new rate holding what it held
         (at most the new burst), so a reload neither grants a fresh burst nor forgets
-        debt; a tenant whose budget was removed loses its bucket."""
+        debt; a tenant whose budget was removed loses its bucket. The budgets' pool
+        likewise keeps what it held."""
         old = self.config
         self.config = config
-        self._pool, self._pool_built = None, False  # rebuilt (full) from the new budgets
+        old_pool = self._pool
+        self._pool, self._pool_built = None, False
+        pool = self._pool_bucket(now)
+        if old_pool is not None and pool is not None:  # what it held, at most the new burst
+            pool.take_on_credit(
+                now, pool.level(now) - min(old_pool.level(now), pool.capacity_tokens)
+            )
         for tenant, bucket in list(self._buckets.items()):
             if old.limits(tenant) == config.limits(tenant):
                 continue
@@ -548,6 +555,9 @@ class AdmissionPolicy:
         bucket = self._bucket(now, tenant)
         if bucket is not None:
             bucket.give_back(now, tokens)
+            pool = self._pool_bucket(now)
+            if pool is not None and self.config.limits(tenant).work_conserving:
+                pool.give_back(now, tokens)
 
     def enqueue(
         self,

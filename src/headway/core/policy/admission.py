@@ -496,19 +496,12 @@ class AdmissionPolicy:
         self.config = config
         old_pool = self._pool
         self._pool, self._pool_built = None, False
-        pool = self._pool_bucket(now)
-        if old_pool is not None and pool is not None:  # what it held, at most the new burst
-            pool.take_on_credit(
-                now, pool.level(now) - min(old_pool.level(now), pool.capacity_tokens)
-            )
+        _carry_over(now, old_pool, self._pool_bucket(now))
         for tenant, bucket in list(self._buckets.items()):
             if old.limits(tenant) == config.limits(tenant):
                 continue
             del self._buckets[tenant]
-            level = bucket.level(now)
-            fresh = self._bucket(now, tenant)
-            if fresh is not None:
-                fresh.take_on_credit(now, fresh.level(now) - min(level, fresh.capacity_tokens))
+            _carry_over(now, bucket, self._bucket(now, tenant))
 
     # -- estimates ----------------------------------------------------------------------
 
@@ -1149,6 +1142,13 @@ class AdmissionPolicy:
         if tenant_stats is not None and tenant_stats.full:
             return f"tenant {tenant!r}'s queue", tenant_stats
         return None
+
+
+def _carry_over(now: float, old: TokenBucket | None, fresh: TokenBucket | None) -> None:
+    """Leave ``fresh`` (a reload's new bucket, built full) holding what ``old`` held, at
+    most its own burst: a reload neither grants a fresh burst nor forgets debt."""
+    if old is not None and fresh is not None:
+        fresh.take_on_credit(now, fresh.level(now) - min(old.level(now), fresh.capacity_tokens))
 
 
 def _others_waiting(load: LoadSnapshot, tenant: str, after_s: float) -> bool:

@@ -768,11 +768,12 @@ class GatewayCore:
         route's line is held back only by its own upstreams). Token-aware: the request
         a line's order picks goes only to an upstream with unpromised KV blocks for its
         projection; else it keeps its place and nothing in its line overtakes it."""
-        all_slots = self.total_slots(now)
+        waiting = [(route, lane) for route, lane in self._lanes.items() if len(lane)]
+        all_slots = self.total_slots(now) if waiting else 0
         if all_slots > 0:
             eligible = self.slots.eligible(self.slot_caps(now, all_slots))
-            for route, lane in self._lanes.items():
-                if len(lane):
+            for route, lane in waiting:
+                if len(lane):  # an earlier lane's pump may have set entries aside
                     self._pump_lane(now, route, lane, eligible)
         self.expire(now)
 

@@ -766,11 +766,8 @@ class AdmissionPolicy:
         bucket = self._bucket(now, request.tenant)
         kv_fits = blocks <= load.free_kv_blocks - reserve
         band = request.priority
-        level = BANDS.index(band)
         bands = load.queues.bands
-        nothing_ahead = all(
-            b not in bands or bands[b].queued_requests == 0 for b in BANDS[: level + 1]
-        )
+        nothing_ahead = load.queues.queued_through(band) == 0
         on_credit = ticket is not None and ticket.credit_tokens > 0
         if load.free_slots.get(band, 0) > 0 and nothing_ahead and kv_fits:
             self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)

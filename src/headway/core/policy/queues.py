@@ -409,10 +409,31 @@ class QueuesStatistics:
     """Requests removed at their deadline (returned or about to be returned by
     :meth:`PriorityQueues.expire`)."""
 
+    band_counts: Mapping[Band, int] | None = None
+    """Requests waiting per band, when known without :attr:`bands`' windowed rates
+    (None: read from :attr:`bands`)."""
+
     @property
     def queued_requests(self) -> int:
         """Requests waiting in all bands."""
-        return sum(s.queued_requests for s in self.bands.values())
+        return sum(self.queued_in(b) for b in self.bands)
+
+    def queued_in(self, band: Band) -> int:
+        """Requests waiting in ``band`` (0 for a band not present), without computing
+        its drain rates where the counts are known."""
+        if self.band_counts is not None:
+            return self.band_counts.get(band, 0)
+        return self.bands[band].queued_requests if band in self.bands else 0
+
+    def queued_through(self, band: Band) -> int:
+        """Requests waiting in ``band`` and every band ahead of it (admission asks on
+        every offer whether anything is ahead of a new request)."""
+        total = 0
+        for b in BANDS:
+            total += self.queued_in(b)
+            if b == band:
+                break
+        return total
 
 
 # ----------------------------------------------------------------------------- internals
@@ -776,23 +797,26 @@ class PriorityQueues(Generic[T]):
         """Dispatch slots ``band`` may take now, given ``total_slots`` and the requests
         running per band (the critical reserve and the background cap applied)."""
         checked = _check_band(band)
-        cfg = self.config
-        self._check_slots(total_slots)
-        in_use = sum(running.get(b, 0) for b in BANDS)
-        free = total_slots - in_use
-        if checked != "critical":
-            non_critical = in_use - running.get("critical", 0)
-            free = min(free, total_slots - cfg.reserved_slots(total_slots) - non_critical)
-        if checked == "background":
-            cap = cfg.background_cap_slots(total_slots)
-            free = min(free, cap - running.get("background", 0))
-        return max(free, 0)
+        return self.free_slots_by_band(total_slots=total_slots, running=running)[checked]
 
     def free_slots_by_band(
         self, *, total_slots: int, running: Mapping[str, int]
     ) -> dict[Band, int]:
-        """:meth:`free_slots` for every band (what admission's snapshot needs)."""
-        return {b: self.free_slots(b, total_slots=total_slots, running=running) for b in BANDS}
+        """:meth:`free_slots` for every band, in one pass (admission's snapshot reads it
+        on every offer)."""
+        cfg = self.config
+        self._check_slots(total_slots)
+        critical = running.get("critical", 0)
+        background = running.get("background", 0)
+        in_use = critical + running.get("interactive", 0) + background
+        free = total_slots - in_use
+        shared = min(free, total_slots - cfg.reserved_slots(total_slots) - (in_use - critical))
+        capped = min(shared, cfg.background_cap_slots(total_slots) - background)
+        return {
+            "critical": max(free, 0),
+            "interactive": max(shared, 0),
+            "background": max(capped, 0),
+        }
 
     def try_pop(
         self,
@@ -969,6 +993,7 @@ class PriorityQueues(Generic[T]):
         return QueuesStatistics(
             bands=_OnRead(BANDS, lambda b: self._band_statistics(now, b)),
             tenants=_OnRead(self._tenant_meters, lambda t: self._tenant_statistics(now, t)),
+            band_counts={b: q.count for b, q in self._bands.items()},
             pushed=self._pushed,
             rejected=self._rejected,
             dispatched=self._dispatched,

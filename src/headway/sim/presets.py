@@ -18,7 +18,8 @@ simulator builds its :class:`~headway.sim.gateway.SimGateway`:
   ``hard-shares``: binding always; unless ``admission.tenants`` is given): the planned
   capacity is the replicas' saturation throughput for the workload's mean call
   (:func:`~headway.core.engine.capacity.max_throughput`) times the workload's
-  ``planning.planning_factor``, in the tokens admission charges.
+  ``planning.planning_factor``, in the tokens budgets keep net of refunds (prompt plus
+  the output produced).
 """
 
 from __future__ import annotations
@@ -81,22 +82,18 @@ def slo_slots(workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepT
 def planned_capacity_tokens_per_s(
     workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel
 ) -> float | None:
-    """The cluster's planned capacity in charged tokens per second (None: no calls)."""
+    """The cluster's planned capacity in the tokens budgets keep, net of refunds (prompt
+    plus the output produced), per second (None: no calls).
+
+    Admission charges prompt plus planned output and refunds what an answer did not use,
+    so over time a bucket pays for the tokens served. Priced at the planned output (the
+    ``max_tokens`` cap), the budgets' sum came to 1.43× the planned capacity on the
+    overload workload and a 10× flood borrowed past it (issue 17)."""
     if workload.num_calls == 0:
         return None
-    spec = workload.spec
-    call_class = workload.task_class[workload.call_task]
-    planned = np.empty(workload.num_calls, dtype=np.float64)
-    for k, name in enumerate(workload.class_names):
-        mask = call_class == k
-        if not mask.any():
-            continue
-        cap = spec.classes[name].max_tokens
-        out = workload.call_output_tokens[mask]
-        planned[mask] = float(np.percentile(out, 95)) if cap is None else cap
-    charged = float(np.mean(workload.call_input_tokens + planned))
+    served = float(np.mean(workload.call_input_tokens + workload.call_output_tokens))
     calls_per_s = _saturation_calls_per_s(workload, cluster, step_time)
-    return calls_per_s * spec.planning.planning_factor * charged
+    return calls_per_s * workload.spec.planning.planning_factor * served
 
 
 def _saturation_calls_per_s(

@@ -439,6 +439,30 @@ def test_a_work_conserving_budget_lends_idle_capacity_and_binds_under_contention
     _shed(hard.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)  # never passes
 
 
+def test_a_refusal_for_load_is_contention_for_a_work_conserving_budget() -> None:
+    """A call refused as late (at the speeds the engines now run at, or behind the queue)
+    or for a full queue shows that no capacity is idle: for ``contended_after_s`` after
+    it, a tenant over its own bucket is not lent the pool, whoever was refused. A
+    deadline already past at arrival says nothing about the load and does not count."""
+    acme = TenantLimits(
+        token_rate_per_s=100.0, burst_s=1.0, work_conserving=True, contended_after_s=1.5
+    )
+    initech = TenantLimits(token_rate_per_s=100_000.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": acme, "initech": initech}))
+    big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 > the 100-token bucket
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # idle capacity is lent
+    expired = replace(big, tenant="initech", deadline_s=NOW - 1.0)
+    _shed(policy.decide(NOW, expired, _snapshot()), ShedReason.DEADLINE_UNMEETABLE)
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # a client's past deadline
+    late = replace(big, tenant="initech", deadline_s=NOW + 2.0)  # service needs 4.1 s
+    _shed(policy.decide(NOW, late, _snapshot()), ShedReason.DEADLINE_UNMEETABLE)
+    _shed(policy.decide(NOW + 1.0, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+    assert policy.decide(NOW + 1.6, big, _snapshot()) == Admit()  # lent again
+    full = _snapshot(bands={"interactive": _queue(queued=5, bound=5)}, free_slots={})
+    _shed(policy.decide(NOW + 2.0, replace(big, tenant="initech"), full), ShedReason.QUEUE_FULL)
+    _shed(policy.decide(NOW + 2.5, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+
+
 def test_a_work_conserving_budget_borrows_only_the_capacity_the_others_leave() -> None:
     """The budgets' pool (their rates summed, the capacity their shares split) lends a
     tenant over its own bucket only what it holds: a flood drains it within its burst

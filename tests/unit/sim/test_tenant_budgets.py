@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from headway.core.workload.compile import compile_workload
+from headway.data import load_efficiency_table
 from headway.files.workload import parse_workload
-from headway.sim.cluster import parse_cluster
+from headway.sim.cluster import parse_cluster, step_time_model
+from headway.sim.presets import _saturation_calls_per_s, planned_capacity_tokens_per_s
 from headway.sim.results import SimResult
 from headway.sim.run import simulate_compiled
 
@@ -145,3 +147,26 @@ def test_slot_shares_in_the_simulator_are_the_live_gateways() -> None:
     normal = _run(_workload(60.0, 20.0, 2), "shares", slot_headroom=1.0)
     assert _by_tenant(normal)["bursty"] < 0.5
     assert _by_tenant(_run(_workload(60.0, 20.0, 2), "shares"))["bursty"] == 1.0
+
+
+def test_the_budgets_capacity_is_priced_in_the_tokens_they_keep() -> None:
+    """Admission charges a call its prompt plus ``max_tokens`` and refunds what it did not
+    use, so a bucket pays for the tokens served: the budgets' capacity is priced in those
+    (a raised ``max_tokens`` cap neither widens the budgets nor narrows them). Priced at
+    the cap, the budgets summed to 1.43× the planned capacity and a flood borrowed past
+    it (issue 17)."""
+    cluster = parse_cluster(_cluster("shares"))
+    step_time = step_time_model(cluster, load_efficiency_table())
+    capacities = []
+    for max_tokens in (None, 2_000):
+        data = _workload(30.0, 8.0, 1)
+        for name in data["classes"]:
+            data["classes"][name]["max_tokens"] = max_tokens
+        w = compile_workload(parse_workload(data))
+        capacity = planned_capacity_tokens_per_s(w, cluster, step_time)
+        served = float((w.call_input_tokens + w.call_output_tokens).mean())
+        factor = w.spec.planning.planning_factor
+        calls_per_s = _saturation_calls_per_s(w, cluster, step_time)
+        assert capacity == pytest.approx(calls_per_s * factor * served, rel=1e-9)
+        capacities.append(capacity)
+    assert capacities[0] == pytest.approx(capacities[1], rel=1e-9)

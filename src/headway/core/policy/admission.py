@@ -105,7 +105,7 @@ import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -156,10 +156,11 @@ class TenantLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     work_conserving: bool = False
     """``true``: the budget binds only under contention. A request over the bucket is
     admitted (and takes nothing from it) while the pool of the work-conserving budgets
-    (their rates summed: the capacity they split) holds its tokens and no other tenant
-    has a request that has waited ``contended_after_s`` in the queues: capacity nobody
-    else uses is not withheld. Once the pool is empty or another tenant is kept waiting,
-    the bucket binds as usual, so a flood is refused exactly when it takes others' share.
+    (their rates summed: the capacity they split) holds its tokens, no other tenant has
+    a request that has waited ``contended_after_s`` in the queues and no request was
+    refused for load within it: capacity nobody else uses is not withheld. Once the pool
+    is empty, another tenant is kept waiting or calls are refused as late, the bucket
+    binds as usual, so a flood is refused when it takes others' share.
     ``false`` (the default): a hard budget, refused even while the rest is idle."""
 
     contended_after_s: float = FAIR_AFTER_S
@@ -480,6 +481,9 @@ class AdmissionPolicy:
         """(Retry-After time, ticket) of the tickets whose promise still counts."""
         self._promising: set[int] = set()
         """The tickets whose promise still counts."""
+        self._refused_s = -math.inf
+        """When a request was last refused for load (its deadline unmeetable, or a full
+        queue): no capacity is idle, so a work-conserving budget binds."""
         self._next_ticket = 1
         self.tickets_issued = 0
         """Retry tickets given with sheds."""
@@ -621,9 +625,11 @@ class AdmissionPolicy:
         if refused is None:
             refused = self._refuse_by_state(now, request, load, service_s, ticket)
         if refused is not None:
+            self._note_refusal(now, request, refused)
             return refused
         decision = self._decide_by_load(now, request, load, service_s, ticket)
         if isinstance(decision, Shed):
+            self._note_refusal(now, request, decision)
             return decision
         if ticket is not None:
             self._spend(number)
@@ -1059,7 +1065,7 @@ class AdmissionPolicy:
                 limits.work_conserving
                 and pool is not None
                 and pool.level(now) >= cost
-                and not self._contended(request, load, limits.contended_after_s)
+                and not self._contended(now, request, load, limits.contended_after_s)
             )
             if level - reserved < cost and not borrow:
                 wait = (min(cost, bucket.capacity_tokens) + reserved - level) / bucket.rate_per_s
@@ -1104,11 +1110,31 @@ class AdmissionPolicy:
             return f"tenant {tenant!r}'s queue", tenant_stats
         return None
 
-    def _contended(self, request: AdmissionRequest, load: LoadSnapshot, after_s: float) -> bool:
+    def _note_refusal(self, now: float, request: AdmissionRequest, shed: Shed) -> None:
+        """Remember when a request was last refused for load (see :meth:`_contended`): a
+        full queue, or a deadline the wait or the service at the measured speeds misses.
+        A deadline already past at arrival says nothing about the load."""
+        late = request.deadline_s is not None and request.deadline_s > now
+        if shed.reason in _QUEUE_REASONS or (
+            shed.reason is ShedReason.DEADLINE_UNMEETABLE and late
+        ):
+            self._refused_s = now
+
+    def _contended(
+        self, now: float, request: AdmissionRequest, load: LoadSnapshot, after_s: float
+    ) -> bool:
         """Whether ``request``'s tenant competes with others now (a work-conserving budget
         binds even with idle capacity in the pool): another tenant's request has waited
-        ``after_s`` in the queues, or the request finds no KV room while another tenant
-        has requests in flight (it would take memory the others are using).
+        ``after_s`` in the queues; or any request was refused for load within the last
+        ``after_s`` (its deadline unmeetable behind the queue or at the speeds the
+        cluster now runs at, or a full queue): no capacity is idle to lend; or the
+        request finds no KV room while another tenant has requests in flight (it would
+        take memory the others are using).
+
+        A refusal is the wait that never shows in the queues: with dispatch slots free,
+        a flood slows the engines and calls are refused at the door as late, the light
+        tenants' as often as the flood's. With waits as the only signal the flood kept
+        borrowing, and at the knee the light tenants lost half their calls (issue 17).
 
         Full dispatch slots are not contention: a burst fills them at a load the engines
         hold, and the calls it queues start within their SLO in arrival order (the queues
@@ -1117,6 +1143,8 @@ class AdmissionPolicy:
         (issue 17); what a flood takes from the others shows in the pool instead
         (:meth:`_pool_bucket`)."""
         if _others_waiting(load, request.tenant, after_s):
+            return True
+        if now - self._refused_s <= after_s:
             return True
         others = any(
             t.in_flight_requests > 0 for name, t in load.tenants.items() if name != request.tenant
@@ -1139,6 +1167,10 @@ class AdmissionPolicy:
         if tenant_stats is not None and tenant_stats.full:
             return f"tenant {tenant!r}'s queue", tenant_stats
         return None
+
+
+_QUEUE_REASONS: Final = frozenset({ShedReason.QUEUE_FULL, ShedReason.KV_PROJECTION})
+"""Refusals for a full queue: the cluster's load, not the tenant's budget or size."""
 
 
 def _carry_over(now: float, old: TokenBucket | None, fresh: TokenBucket | None) -> None:

@@ -772,9 +772,8 @@ class GatewayCore:
         all_slots = self.total_slots(now) if waiting else 0
         if all_slots > 0:
             eligible = self.slots.eligible(self.slot_caps(now, all_slots))
-            for route, lane in waiting:
-                if len(lane):  # an earlier lane's pump may have set entries aside
-                    self._pump_lane(now, route, lane, eligible)
+            for route, lane in waiting:  # a lane's pump takes from that lane only
+                self._pump_lane(now, route, lane, eligible)
         self.expire(now)
 
     def _pump_lane(

@@ -1114,9 +1114,9 @@ class AdmissionPolicy:
         """Remember when a request was last refused for load (see :meth:`_contended`): a
         full queue, or a deadline the wait or the service at the measured speeds misses.
         A deadline already past at arrival says nothing about the load."""
-        late = request.deadline_s is not None and request.deadline_s > now
+        deadline_ahead = request.deadline_s is not None and request.deadline_s > now
         if shed.reason in _QUEUE_REASONS or (
-            shed.reason is ShedReason.DEADLINE_UNMEETABLE and late
+            shed.reason is ShedReason.DEADLINE_UNMEETABLE and deadline_ahead
         ):
             self._refused_s = now
 

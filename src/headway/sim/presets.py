@@ -16,10 +16,11 @@ simulator builds its :class:`~headway.sim.gateway.SimGateway`:
 * per-tenant token budgets from the tenants' shares of the planned capacity
   (``tenant_budgets: shares``, work-conserving: binding only while another tenant waits;
   ``hard-shares``: binding always; unless ``admission.tenants`` is given): the planned
-  capacity is the replicas' saturation throughput for the workload's mean call
-  (:func:`~headway.core.engine.capacity.max_throughput`) times the workload's
-  ``planning.planning_factor``, in the tokens budgets keep net of refunds (prompt plus
-  the output produced).
+  capacity is the replicas' throughput for the workload's mean call
+  (:func:`~headway.core.engine.capacity.max_throughput`) at the batch the SLO allows
+  (:func:`slo_batch`: the TPOT slots, and the batch that decodes each class's p95
+  output within its ``e2e_s``) times the workload's ``planning.planning_factor``, in
+  the tokens budgets keep net of refunds (prompt plus the output produced).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "TPOT_HEADROOM",
     "planned_capacity_tokens_per_s",
     "resolve_gateway",
+    "slo_batch",
     "slo_queues",
     "slo_slots",
 ]
@@ -65,14 +67,19 @@ def slo_slots(workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepT
     bounds = [c.slo.tpot_s for c in workload.spec.classes.values() if c.slo.tpot_s is not None]
     if not bounds or workload.num_calls == 0:
         return limit
-    target_s = TPOT_HEADROOM * min(bounds)
     isl, osl = _mean_call(workload)
-    if steady_step_time_s(step_time, limit, isl, osl) <= target_s:
+    return _largest_batch(step_time, limit, isl, osl, TPOT_HEADROOM * min(bounds))
+
+
+def _largest_batch(step_time: StepTimeModel, limit: int, isl: int, osl: int, step_s: float) -> int:
+    """The largest batch, at most ``limit``, whose steady-state step takes at most
+    ``step_s`` (1 when none does)."""
+    if steady_step_time_s(step_time, limit, isl, osl) <= step_s:
         return limit
     lo, hi = 1, limit  # the step time grows with the batch: bisect for the last fit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if steady_step_time_s(step_time, mid, isl, osl) <= target_s:
+        if steady_step_time_s(step_time, mid, isl, osl) <= step_s:
             lo = mid
         else:
             hi = mid - 1
@@ -83,23 +90,31 @@ def planned_capacity_tokens_per_s(
     workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel
 ) -> float | None:
     """The cluster's planned capacity in the tokens budgets keep, net of refunds (prompt
-    plus the output produced), per second (None: no calls).
+    plus the output produced), per second (None: no calls): the throughput of the batch
+    the SLO allows (:func:`slo_batch`) times ``planning.planning_factor``.
 
     Admission charges prompt plus planned output and refunds what an answer did not use,
     so over time a bucket pays for the tokens served. Priced at the planned output (the
     ``max_tokens`` cap), the budgets' sum came to 1.43× the planned capacity on the
-    overload workload and a 10× flood borrowed past it (issue 17)."""
+    overload workload and a 10× flood borrowed past it (issue 17). Sized at the
+    saturation throughput (0.7 of it: 1.27× the knee's load there, where the strictest
+    class still meets its target), the budgets' pool lent a flood what the SLO did not
+    have: the engine ran twice the knee's batch and the light tenants' TTFT p99 rose
+    +459% (+17% sized here, with the pool charged with every tenant's work)."""
     if workload.num_calls == 0:
         return None
     served = float(np.mean(workload.call_input_tokens + workload.call_output_tokens))
-    calls_per_s = _saturation_calls_per_s(workload, cluster, step_time)
-    return calls_per_s * workload.spec.planning.planning_factor * served
+    batch = slo_batch(workload, cluster, step_time)
+    return _calls_per_s(workload, cluster, step_time, batch) * (
+        workload.spec.planning.planning_factor * served
+    )
 
 
-def _saturation_calls_per_s(
-    workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel
+def _calls_per_s(
+    workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel, running: int
 ) -> float:
-    """The replicas' saturation throughput in calls per second for the mean call."""
+    """The replicas' throughput in calls per second for the mean call, at most
+    ``running`` sequences a replica (the engine's ``max_num_seqs``: its saturation)."""
     isl, osl = _mean_call(workload)
     model, gpu = resolve_model_gpu(cluster)
     engine = cluster.engine
@@ -110,12 +125,38 @@ def _saturation_calls_per_s(
         isl=isl,
         osl=osl,
         tensor_parallel=cluster.tensor_parallel,
-        max_num_seqs=engine.max_num_seqs,
+        max_num_seqs=min(running, engine.max_num_seqs),
         max_num_batched_tokens=engine.max_num_batched_tokens,
         block_size=engine.block_size,
         gpu_memory_utilization=cluster.gpu_memory_utilization,
     )
     return cluster.replicas * estimate.requests_per_s
+
+
+def _saturation_calls_per_s(
+    workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel
+) -> float:
+    """The replicas' saturation throughput in calls per second for the mean call."""
+    return _calls_per_s(workload, cluster, step_time, cluster.engine.max_num_seqs)
+
+
+def slo_batch(workload: CompiledWorkload, cluster: ClusterSpec, step_time: StepTimeModel) -> int:
+    """The largest batch a replica may run and keep the SLO: the dispatch slots of the
+    tightest TPOT objective (:func:`slo_slots`), and for each class with an ``e2e_s``
+    objective, the batch whose steady step decodes that class's 95th-percentile output
+    within the objective's share per call (``e2e_s`` over its calls per task)."""
+    batch = slo_slots(workload, cluster, step_time)
+    isl, osl = _mean_call(workload)
+    call_class = workload.task_class[workload.call_task]
+    for index, name in enumerate(workload.class_names):
+        e2e_s = workload.spec.classes[name].slo.e2e_s
+        outputs = workload.call_output_tokens[call_class == index]
+        if e2e_s is None or outputs.size == 0:
+            continue
+        calls_per_task = outputs.size / max(1, int(np.count_nonzero(workload.task_class == index)))
+        step_s = e2e_s / calls_per_task / max(1.0, float(np.percentile(outputs, 95)))
+        batch = _largest_batch(step_time, batch, isl, osl, step_s)
+    return batch
 
 
 def slo_queues(

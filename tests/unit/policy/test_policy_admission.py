@@ -481,6 +481,24 @@ def test_a_work_conserving_budget_borrows_only_the_capacity_the_others_leave() -
     assert policy.decide(NOW + 1.0, big, _snapshot()) == Admit()  # refilled by 2,400
 
 
+def test_the_budgets_pool_is_charged_with_the_work_of_tenants_without_a_budget() -> None:
+    """The pool is the capacity of the whole cluster, so what tenants without a budget
+    are admitted (a backfill, an operations tenant) takes from it as well: it is not
+    idle capacity to lend. Charged only with the budgeted tenants' work, the pool lent
+    a flood the capacity a backfill was using, and at the knee the light tenants' TTFT
+    p99 more than doubled (issue 17). Refunds go back to it likewise."""
+    acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_300.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": acme, "initech": initech}))
+    big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 tokens
+    backfill = replace(big, tenant="ingest")  # no budget: always admitted on its own
+    assert policy.decide(NOW, backfill, _snapshot()) == Admit()  # the pool: 2,400 -> 1,200
+    assert policy.decide(NOW, backfill, _snapshot()) == Admit()  # -> 0
+    _shed(policy.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)  # nothing idle
+    policy.refund(NOW, "ingest", 1_200)  # a shorter answer than planned
+    assert policy.decide(NOW, big, _snapshot()) == Admit()  # lent what came back
+
+
 def test_the_budgets_pool_takes_refunds_and_keeps_its_level_across_a_reload() -> None:
     """Tokens charged but not used (a shorter answer, an expiry) go back to the pool as to
     the tenant's bucket, so they can be lent again; a reload keeps what the pool held (no

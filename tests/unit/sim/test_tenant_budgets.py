@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
+from headway.core.engine.capacity import steady_step_time_s
 from headway.core.workload.compile import compile_workload
 from headway.data import load_efficiency_table
 from headway.files.workload import parse_workload
 from headway.sim.cluster import parse_cluster, step_time_model
-from headway.sim.presets import _saturation_calls_per_s, planned_capacity_tokens_per_s
+from headway.sim.presets import (
+    _saturation_calls_per_s,
+    planned_capacity_tokens_per_s,
+    slo_batch,
+    slo_slots,
+)
 from headway.sim.results import SimResult
 from headway.sim.run import simulate_compiled
 
@@ -170,3 +177,32 @@ def test_the_budgets_capacity_is_priced_in_the_tokens_they_keep() -> None:
         assert capacity == pytest.approx(calls_per_s * factor * served, rel=1e-9)
         capacities.append(capacity)
     assert capacities[0] == pytest.approx(capacities[1], rel=1e-9)
+
+
+def test_the_budgets_capacity_is_the_batch_the_slo_allows() -> None:
+    """An ``e2e_s`` objective bounds the batch a replica may run (its steady step must
+    decode the class's p95 output within it), and the budgets' capacity is the
+    throughput of that batch, not of saturation: sized at saturation, a 10× flood at the
+    knee borrowed the capacity the SLO did not have (issue 17)."""
+    cluster = parse_cluster(_cluster("shares"))
+    step_time = step_time_model(cluster, load_efficiency_table())
+    loose = compile_workload(parse_workload(_workload(30.0, 8.0, 1)))
+    data = _workload(30.0, 8.0, 1)
+    data["classes"]["heavy"]["slo"] = {"ttft_s": 2.0, "tpot_s": 0.2, "e2e_s": 6.0}
+    tight = compile_workload(parse_workload(data))
+    assert slo_batch(loose, cluster, step_time) == slo_slots(loose, cluster, step_time)
+    batch = slo_batch(tight, cluster, step_time)
+    isl = round(float(tight.call_input_tokens.mean()))
+    osl = round(float(tight.call_output_tokens.mean()))
+    heavy = tight.class_names.index("heavy")
+    is_heavy = tight.task_class[tight.call_task] == heavy
+    p95 = float(np.percentile(tight.call_output_tokens[is_heavy], 95))
+    assert steady_step_time_s(step_time, batch, isl, osl) <= 6.0 / p95
+    assert steady_step_time_s(step_time, batch + 1, isl, osl) > 6.0 / p95
+    assert batch < slo_slots(tight, cluster, step_time)
+    capacity = planned_capacity_tokens_per_s(tight, cluster, step_time)
+    assert capacity is not None
+    assert capacity < planned_capacity_tokens_per_s(loose, cluster, step_time)
+    served = float((tight.call_input_tokens + tight.call_output_tokens).mean())
+    factor = tight.spec.planning.planning_factor
+    assert capacity < factor * served * _saturation_calls_per_s(tight, cluster, step_time)

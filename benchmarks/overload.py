@@ -70,6 +70,10 @@ BUDGETED = "hw+tenant-budget"
 per-tenant token budgets."""
 BUDGET_HEADROOM = 1.5
 """Each tenant's token budget, in multiples of its share of the knee's tokens."""
+FLOOD_SEEDS = (12, 13, 14)
+"""Further workload seeds of the flood scenario under headway-default: a light tenant's
+TTFT p99 over one 300 s run is its fifth-worst call or so, so the headline figure (the
+workload's own seed) is printed beside the same figure for these seeds."""
 TIGHT_KV_BLOCKS = 4000
 """KV blocks per replica in the memory-pressure run (64,000 tokens at block size 16):
 few enough that the knee load preempts without admission, not so few that it collapses."""
@@ -292,6 +296,22 @@ def main() -> None:
                 f"{fmt(a.slo_attainment):>9} {fmt(b.slo_attainment):>9}"
             )
         increases[label] = worst
+    by_seed = {spec.seed: increases["headway-default"]}
+    default_cluster = with_preset(base, "headway-default")
+    for seed in FLOOD_SEEDS:
+        seeded = R(spec, seed=seed)
+        alone, _ = run(seeded, default_cluster, kf)
+        with_flood, _ = run(flooded(seeded), default_cluster, kf)
+        by_seed[seed] = max(
+            group(with_flood.by_tenant, t).latencies.ttft.p99_s
+            / group(alone.by_tenant, t).latencies.ttft.p99_s
+            - 1
+            for t in light
+        )
+    print(
+        "headway-default, the largest increase by workload seed: "
+        + ", ".join(f"{seed}: {inc:+.1%}" for seed, inc in by_seed.items())
+    )
     notes.append(
         "light_tenant_p99_increase: the largest relative TTFT p99 increase of acme and "
         "initech under headway-default (p99 over their completed calls; calls shed are not "
@@ -319,6 +339,7 @@ def main() -> None:
         "goodput_ratio_default": ratio_default,
         "goodput_ratio_fifo": ratio_fifo,
         "light_tenant_p99_increase": increases["headway-default"],
+        "light_tenant_p99_increase_by_seed": max(by_seed.values()),
         "critical_attainment": critical,
         "retry_amplification_no_budget": amplification_no_budget,
         "retry_amplification_budget": amplification_budget,
@@ -330,6 +351,10 @@ def main() -> None:
         "goodput_ratio_default": (">= 0.9", ratio_default >= 0.9),
         "goodput_ratio_fifo": ("< 0.3", ratio_fifo < 0.3),
         "light_tenant_p99_increase": ("<= 0.2", increases["headway-default"] <= 0.2),
+        "light_tenant_p99_increase_by_seed": (
+            "<= 0.2 (max of 4 seeds)",
+            max(by_seed.values()) <= 0.2,
+        ),
         "critical_attainment": (">= 0.99", critical is not None and critical >= 0.99),
         "retry_amplification_no_budget": (">= 2", amplification_no_budget >= 2),
         "retry_amplification_budget": ("<= 1.1", amplification_budget <= 1.1),

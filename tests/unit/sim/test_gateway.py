@@ -303,3 +303,31 @@ def test_the_simulated_gateway_measures_each_tenants_completions_as_the_live_one
     load = gw.core.snapshot(8.0, request).tenants["a"]
     assert load.in_flight_requests == 2
     assert load.completions_per_s == pytest.approx(1.0)  # 3 completions over 3 s
+
+
+def test_the_run_ends_with_its_last_call_not_with_a_finished_calls_deadline() -> None:
+    """Each dispatched call has a timer at its deadline (the gateway cancels it in the
+    engine then); once the call has finished the timer does nothing, and the run must
+    not last until it: a completed call's deadline timer set the end of the run, and so
+    the replica-hours and the cost per task, up to one ``e2e_s`` past the last answer
+    (the headway-default rows of the bad days cost twice the fifo-unbounded ones)."""
+    data = {
+        "name": "deadline-tail",
+        "seed": 3,
+        "duration_s": 20,
+        "classes": {
+            "chat": {"input_tokens": 300, "output_tokens": 40, "slo": {"e2e_s": 120.0}}
+        },
+        "sources": [{"name": "users", "mix": {"chat": 1.0},
+                     "arrivals": {"process": "poisson", "rate_per_s": 2.0}}],
+    }  # fmt: skip
+    workload = compile_workload(parse_workload(data))
+    cluster = parse_cluster(
+        {"replicas": 1, "model": "llama-3-8b", "gpu": "h100-sxm",
+         "gateway": {"preset": "headway-default"}}
+    )  # fmt: skip
+    result, outcome = simulate_compiled(workload, cluster)
+    assert result.accounting.completed == workload.num_calls
+    last_answer_s = float(np.nanmax(outcome.calls.finish_s))
+    assert outcome.end_s == pytest.approx(last_answer_s)
+    assert outcome.end_s < float(workload.task_arrival_s[-1]) + 120.0 - 60.0

@@ -777,7 +777,7 @@ class AdmissionPolicy:
         nothing_ahead = load.queues.queued_through(band) == 0
         on_credit = ticket is not None and ticket.credit_tokens > 0
         if load.free_slots.get(band, 0) > 0 and nothing_ahead and kv_fits:
-            self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)
+            self._debit(now, bucket, request.cost_tokens, on_credit)
             return Admit()
 
         band_queue = bands[band]
@@ -791,7 +791,7 @@ class AdmissionPolicy:
                     f"{name} holds {stats.queued_requests} requests, twice its bound of "
                     f"{stats.max_queued_requests}: no more ticketed retries fit",
                 )
-            self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)
+            self._debit(now, bucket, request.cost_tokens, on_credit)
             return Enqueue(band, band_queue.predicted_wait_s(cfg.wait_basis), front=True)
         promise = (band, request.cost_tokens)
         wait_s = self._wait_s(band_queue, band, request, load, service_s)
@@ -838,7 +838,7 @@ class AdmissionPolicy:
             )
             return self._promise(now, shed, request, drain_s, promise)
 
-        self._debit(now, request.tenant, bucket, request.cost_tokens, on_credit)
+        self._debit(now, bucket, request.cost_tokens, on_credit)
         return Enqueue(band, wait_s)
 
     def _drain_rate(
@@ -924,9 +924,7 @@ class AdmissionPolicy:
         promised = dataclasses.replace(shed, retry_after_s=max(retry_s, 0.0))
         return self._with_ticket(now, promised, request, promise=promise)
 
-    def _debit(
-        self, now: float, tenant: str, bucket: TokenBucket | None, tokens: int, on_credit: bool
-    ) -> None:
+    def _debit(self, now: float, bucket: TokenBucket | None, tokens: int, on_credit: bool) -> None:
         """Charge an admitted request to its tenant's bucket (nothing when it borrowed:
         the bucket is short) and to the pool (every tenant's, see :meth:`_pool_bucket`)."""
         if bucket is not None:

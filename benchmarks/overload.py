@@ -215,11 +215,19 @@ def main() -> None:
         calls = outcome.calls
         retried = calls.attempts >= 2
         first = (calls.attempts == 2) & (calls.outcome == OUTCOMES.index("completed"))
-        share = float(first.sum() / retried.sum()) if retried.any() else None
+        # Retries the gateway invited with a Retry-After (a named time): those it answers
+        # with a 429 that names none (a tenant past every turn its budget can promise)
+        # are paced by the clients' own backoff and counted apart.
+        invited = retried & np.isfinite(calls.first_retry_after_s)
+        share = float((first & invited).sum() / invited.sum()) if invited.any() else None
+        paced = retried & ~invited
         print(
             f"{label}: amplification {result.accounting.amplification:.3f}, "
-            f"{int(retried.sum())} calls retried, {int(first.sum())} completed on their "
-            f"first retry -> {fmt(share)}; shed {result.accounting.shed_by_reason}"
+            f"{int(invited.sum())} calls retried after a Retry-After, "
+            f"{int((first & invited).sum())} completed on their first retry -> "
+            f"{fmt(share)}; {int(paced.sum())} retried on their own backoff (a 429 that "
+            f"named no time, or a timeout), {int((first & paced).sum())} completed on "
+            f"the first; shed {result.accounting.shed_by_reason}"
         )
         if retried.any():
             ends = {
@@ -238,9 +246,12 @@ def main() -> None:
     )
     notes.append(
         f"first_retry_success: the saturation run at {SATURATION:.0f}× the knee under "
-        "headway-default: of the calls retried after a shed, those completed on attempt 2 "
-        "(SLO met or not). Clients wait max(jittered backoff, Retry-After) and present the "
-        "shed's retry ticket, which queues them at the front of their tenant's line."
+        "headway-default: of the calls retried after a shed that named a Retry-After, "
+        "those completed on attempt 2 (SLO met or not). Clients wait max(jittered backoff, "
+        "Retry-After) and present the shed's retry ticket, which queues them at the front "
+        "of their tenant's line. A tenant's budget refusal past every turn its bucket can "
+        "promise names no time (429 without Retry-After): those retries, paced by the "
+        "clients' backoff, are printed apart."
     )
 
     # 3b. A retry storm: clients time out an attempt with no first token after

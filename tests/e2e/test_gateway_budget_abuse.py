@@ -301,6 +301,30 @@ def test_a_ticket_does_not_admit_a_larger_retry(slow: EmulatorProcess) -> None:
             held.close()
 
 
+def test_a_refusal_past_the_promisable_turns_names_no_time(slow: EmulatorProcess) -> None:
+    # A tenant refused faster than its bucket refills: the first refusal gets the turn
+    # the bucket can promise (a ticket and its Retry-After); the next finds every turn
+    # promised and names none (a Retry-After would be a guess that the ticket's retry
+    # and later fresh requests spend first): 429, no Retry-After, no ticket, never 400.
+    rate, burst_s = 500.0, 2.0  # a 1,000-token bucket
+    with GatewayProcess(_config(slow.url, rate, burst_s)) as gw:
+        small = _body(10, 600, stream=True)
+        held = _Exchange(gw.url, METER, small)  # stays charged while it streams
+        try:
+            assert held.response().status == 200
+            status, headers, _ = _status(gw.url, METER, small)
+            assert status == 429 and "x-headway-retry-ticket" in headers
+            assert "Retry-After" in headers
+            status, headers, text = _status(gw.url, METER, small)
+            assert status == 429, text
+            assert headers["x-headway-shed-reason"] == "tenant_token_rate"
+            assert "Retry-After" not in headers and "x-headway-retry-after-ms" not in headers
+            assert "x-headway-retry-ticket" not in headers
+            assert "back off" in json.loads(text)["error"]["message"]
+        finally:
+            held.close()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

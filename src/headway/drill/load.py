@@ -23,9 +23,14 @@ import aiohttp
 import msgspec
 import numpy as np
 
+from headway.core.policy.decisions import ShedReason
+from headway.core.policy.retries import RetryConfig, RetryPolicy
 from headway.drill.spec import LoadSpec
 
-__all__ = ["STATES", "Call", "LoadRun"]
+__all__ = ["STATES", "Call", "LoadRun", "backs_off"]
+
+_BACKOFF: Final = RetryPolicy(RetryConfig())
+"""The default clients' backoff (only its schedule is used, not its budget)."""
 
 STATES: Final = (
     "ok", "shed", "timed_out", "cut", "client_error", "server_error", "conn_error",
@@ -62,6 +67,12 @@ class Call:
     chunks: int = 0
     slow: bool = False
     request_ids: list[str] = field(default_factory=list)
+
+
+def backs_off(status: int, reason: str) -> bool:
+    """A tenant budget's 429 that names no time: every turn the budget can promise is
+    taken, so the client paces its retry on its own backoff."""
+    return status == 429 and reason == ShedReason.TENANT_TOKEN_RATE.value
 
 
 class _Shed(Exception):
@@ -180,6 +191,8 @@ class LoadRun:
                             return
                         if spec.retry == "obey":
                             wait_s = shed.retry_after_s or 0.0
+                            if shed.retry_after_s is None and backs_off(shed.status, shed.reason):
+                                wait_s = _BACKOFF.backoff_s(call.shed_attempts)
                             left_s = spec.timeout_s - (time.monotonic() - call.started_s)
                             if wait_s >= left_s - 1.0:  # no time left to wait and be served
                                 call.state = "shed"

@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 
 from headway.core.metrics import little_from_counters, sampled_area
-from headway.drill.load import STATES, LoadRun
+from headway.drill.load import STATES, LoadRun, backs_off
 from headway.drill.observe import Metrics, rss_mb, scrape, scrape_all
 from headway.drill.spec import Drill, Fault
 from headway.drill.stack import LocalStack, RemoteStack, Stack, Unsupported
@@ -34,7 +34,8 @@ FIGURES: Final[dict[str, str]] = {
     "lost": "calls with no terminal state, or hung",
     "ok_fraction": "ok / calls not cancelled by the client",
     "server_errors": "5xx answers that are not designed refusals (502, 500, ...)",
-    "sheds_missing_retry_after": "429/503 refusals without a Retry-After",
+    "sheds_missing_retry_after": "429/503 refusals without a Retry-After (but a tenant "
+    "budget's 429 whose every promisable turn is taken, which names none by design)",
     "accounting_mismatch": "clients' terminal states vs the gateways' counters",
     "gateway_sheds": "refusals the gateways counted",
     "gateway_upstream_retries": "attempts the gateways moved to another engine",
@@ -510,7 +511,7 @@ def _figures(
     f["server_errors"] = counts["server_error"]
     f["sheds_missing_retry_after"] = float(
         sum(1 for c in calls if c.state == "shed" and c.status in (429, 503)
-            and c.retry_after_s is None)
+            and c.retry_after_s is None and not backs_off(c.status, c.reason))
     )  # fmt: skip
     shed_attempts = sum(c.shed_attempts for c in calls)
 

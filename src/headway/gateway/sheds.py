@@ -4,9 +4,10 @@ Admission's :class:`~headway.core.policy.decisions.Shed` is a value; this module
 to HTTP once, for every place that sheds (at arrival, in the queue, and when a retry
 waits in line again): 429 for the queue's and the tenant's limits, 503 for capacity,
 deadlines and the engines, 400 for a request no wait can fix; ``Retry-After`` (and its
-milliseconds), ``x-headway-shed-reason`` and the retry ticket. :class:`ShedAnswers` is a
-mixin of :class:`~headway.gateway.server.GatewayServer` (it counts the sheds in the
-server's metrics).
+milliseconds) when the shed names a time (a 429 without one: no turn can be promised,
+the client backs off on its own), ``x-headway-shed-reason`` and the retry ticket.
+:class:`ShedAnswers` is a mixin of :class:`~headway.gateway.server.GatewayServer` (it
+counts the sheds in the server's metrics).
 """
 
 from __future__ import annotations
@@ -70,7 +71,11 @@ class ShedAnswers:
                 shed, detail=f"{shed.detail}; raise {DEADLINE_HEADER} or lower max_tokens"
             )
         meaning = shed.reason.meaning
-        if shed.reason is ShedReason.TENANT_TOKEN_RATE and shed.retry_after_s is None:
+        if (
+            shed.reason is ShedReason.TENANT_TOKEN_RATE
+            and shed.retry_after_s is None
+            and not shed.client_backoff
+        ):
             status = 400  # larger than the tenant's whole budget: no retry can pass
             meaning = "the request can never fit its tenant's token budget"
         self.m_shed(shed.reason.value, str(status)).inc()

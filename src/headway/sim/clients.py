@@ -119,6 +119,7 @@ class ClientBehaviour(GatewayOffers):
             self._last_token_s,
             self._arrival_s,
             self._retry_after_s,
+            self._first_retry_after_s,
         ):
             column.extend([nan] * m)
         self._num_output_tokens.extend([0] * m)

@@ -119,10 +119,12 @@ class GatewayOffers(FleetChanges):
         if retry_after_s is not None and self._defer(j, now, decision, retry_after_s):
             return
         self._retry_after_s[j] = math.nan if retry_after_s is None else retry_after_s
+        if self._attempts[j] == 1:
+            self._first_retry_after_s[j] = self._retry_after_s[j]
         if decision.ticket is not None:
             self._ticket[j] = decision.ticket
         attempt = AttemptOutcome(
-            kind=FailureKind.REFUSED,
+            kind=FailureKind.THROTTLED if decision.client_backoff else FailureKind.REFUSED,
             idempotent=self._class_idempotent[k],
             deadline_s=None if renews else deadline_s,
         )

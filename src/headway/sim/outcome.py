@@ -67,6 +67,9 @@ class CallRecords:
     """Index into :data:`SHED_REASONS` for shed calls, -1 for the others."""
     retry_after_s: FloatArray
     """The ``retry_after_s`` of the call's last shed (NaN: none, or never shed)."""
+    first_retry_after_s: FloatArray
+    """The ``retry_after_s`` of the call's first attempt's shed: the time its first retry
+    was told to wait (NaN: its first attempt was not shed, or the shed named no time)."""
     attempts: IntArray
     """Times the call was offered: its first attempt plus its clients' retries."""
     lost_race: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=np.bool_))
@@ -108,6 +111,7 @@ class CallRecords:
             outcome=np.zeros(n, dtype=np.int8),
             shed_reason=np.full(n, -1, dtype=np.int8),
             retry_after_s=nan.copy(),
+            first_retry_after_s=nan.copy(),
             attempts=np.zeros(n, dtype=np.int64),
             lost_race=np.zeros(n, dtype=np.bool_),
             fell_back=np.zeros(n, dtype=np.bool_),

@@ -70,6 +70,7 @@ class Recording(SimState):
         self._outcome = [NOT_OFFERED] * n
         self._shed_reason = [-1] * n
         self._retry_after_s = [nan] * n
+        self._first_retry_after_s = [nan] * n
         self._attempts = [0] * n
         self._cached_prompt_tokens = [-1] * n
         self._itl_counts = [0] * _ITL_BINS
@@ -191,6 +192,7 @@ class Recording(SimState):
             ),
             shed_reason=np.array(self._shed_reason[:n], dtype=np.int8),
             retry_after_s=np.array(self._retry_after_s[:n], dtype=np.float64),
+            first_retry_after_s=np.array(self._first_retry_after_s[:n], dtype=np.float64),
             attempts=np.array(self._attempts[:n], dtype=np.int64),
             lost_race=np.array(self._lost_race[:n], dtype=np.bool_),
             fell_back=np.array(self._fell_back[:n], dtype=np.bool_),

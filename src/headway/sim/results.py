@@ -739,6 +739,7 @@ def write_records(path: Path, w: CompiledWorkload, out: SimOutcome) -> None:
         outcome=c.outcome,
         shed_reason=c.shed_reason,
         retry_after_s=c.retry_after_s,
+        first_retry_after_s=c.first_retry_after_s,
         attempts=c.attempts,
         kv_transfer_s=c.kv_transfer_s,
         cached_prompt_tokens=c.cached_prompt_tokens,

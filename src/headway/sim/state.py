@@ -106,6 +106,7 @@ class SimState:
     _outcome: list[int]
     _shed_reason: list[int]
     _retry_after_s: list[float]
+    _first_retry_after_s: list[float]
     _attempts: list[int]
     _kv_transfer_s: list[float]
     _cached_prompt_tokens: list[int]

@@ -179,3 +179,14 @@ def test_without_a_budget_every_allowed_attempt_is_retried() -> None:
         isinstance(policy.next_attempt(5.0, 1, ERROR, None, _rng()), RetryAfter) for _ in range(30)
     )
     assert granted == 30  # the budgeted policy above grants 10 of the same 30
+
+
+def test_a_refusal_that_names_no_time_but_invites_a_retry_is_paced_by_the_backoff() -> None:
+    # A budget's 429 without Retry-After (every promisable turn taken) is not "no retry
+    # can help": the client retries on its own jittered backoff.
+    throttled = AttemptOutcome(kind=FailureKind.THROTTLED)
+    policy = _policy(jitter="none", backoff_base_s=0.5)
+    first = policy.next_attempt(1.0, 1, throttled, None, _rng())
+    assert isinstance(first, RetryAfter) and first.delay_s == 0.5
+    second = policy.next_attempt(2.0, 2, throttled, None, _rng())
+    assert isinstance(second, RetryAfter) and second.delay_s == 1.0

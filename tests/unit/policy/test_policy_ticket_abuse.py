@@ -73,7 +73,10 @@ def test_tickets_of_small_requests_do_not_admit_large_ones() -> None:
         shed = policy.decide(NOW, _request(3000), load)
         assert isinstance(shed, Shed) and shed.reason is ShedReason.TENANT_TOKEN_RATE
         sheds.append(shed)
-    for shed in sheds:
+    # One ticket fits the bucket; the refusals after it name no time (no turn is left).
+    assert [s.ticket is not None for s in sheds] == [True, False, False]
+    assert all(s.client_backoff and s.retry_after_s is None for s in sheds[1:])
+    for shed in sheds[:1]:
         back = NOW + (shed.retry_after_s or 0.0)
         huge = policy.decide(back, _request(20_000, ticket=shed.ticket), load)
         assert isinstance(huge, Shed) and huge.retry_after_s is None  # it can never fit

@@ -129,9 +129,12 @@ def test_a_budget_shed_carries_a_ticket_that_reserves_its_tokens_for_the_retry()
     second = policy.decide(NOW, _request(), load)
     assert isinstance(second, Shed) and second.ticket is not None
     assert second.retry_after_s == 20.0
-    # A third would need more than the bucket holds promised at once: no ticket.
+    # A third would need more than the bucket holds promised at once: no ticket, and no
+    # time named either (the refill up to any time is promised or goes to fresh requests
+    # first): the client backs off on its own.
     third = policy.decide(NOW, _request(), load)
-    assert isinstance(third, Shed) and third.ticket is None and third.retry_after_s == 30.0
+    assert isinstance(third, Shed) and third.ticket is None and third.retry_after_s is None
+    assert third.client_backoff and "every turn its budget can promise is taken" in third.detail
     # At 10 s a request with another ticket finds the tokens reserved for the holder...
     back = NOW + 10.0
     assert isinstance(policy.decide(back, _request(ticket=999), load), Shed)

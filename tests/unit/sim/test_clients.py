@@ -87,3 +87,48 @@ def test_impatient_clients_cancel_calls_without_a_first_token() -> None:
     # Without patience (the default) nobody gives up.
     _, patient, _ = _simulate({}, "fifo-unbounded")
     assert patient.accounting.cancelled == 0
+
+
+def test_a_budget_refusal_past_its_promisable_turns_is_retried_on_the_clients_backoff() -> None:
+    # One tenant offers about 4x its token budget (640 tokens a call, 2,000 tokens/s, a
+    # 10 s bucket): its bucket can promise turns to only some of its refusals. Those get a
+    # Retry-After and a ticket, and their retries get in; the rest name no time (the
+    # gateway's 429 without Retry-After), and their clients retry on their own backoff
+    # instead of giving up as if no retry could help.
+    data = {
+        "name": "budget",
+        "duration_s": 60,
+        "classes": {"fixed": {"input_tokens": 512, "output_tokens": 128, "max_tokens": 128}},
+        "sources": [
+            {
+                "name": "s",
+                "arrivals": {"process": "poisson", "rate_per_s": 12.0},
+                "tenants": {"t": 1.0},
+            }
+        ],
+        "tenants": {"t": {}},
+        "clients": {"retries": {"max_attempts": 3, "budget_ratio": 1.0}},
+    }
+    limits = {"token_rate_per_s": 2000.0, "burst_s": 10.0}
+    cluster = {
+        "replicas": 1,
+        "model": "llama-2-7b",
+        "gpu": "a100",
+        "num_kv_blocks": 7424,
+        "engine": {"max_num_seqs": 128, "enable_chunked_prefill": False},
+        "gateway": {"preset": "headway-default", "admission": {"tenants": {"t": limits}}},
+    }
+    w = compile_workload(parse_workload(data), seed=11)
+    result, out = simulate_compiled(w, parse_cluster(cluster))
+    c = out.calls
+    assert result.accounting.balanced
+    budget_shed = np.isfinite(c.first_retry_after_s) | (c.attempts >= 2)
+    assert budget_shed.sum() > 0.5 * w.num_calls
+    named = (c.attempts >= 2) & np.isfinite(c.first_retry_after_s)
+    unnamed = (c.attempts >= 2) & np.isnan(c.first_retry_after_s)
+    assert named.sum() > 20 and unnamed.sum() > 20
+    completed = c.outcome == OUTCOMES.index("completed")
+    # A named time is a kept turn: the retry that waited it out is let in.
+    assert (named & completed & (c.attempts == 2)).sum() >= 0.9 * named.sum()
+    waited = c.dispatch_s[named & completed] - c.arrival_s[named & completed]
+    assert (waited >= c.first_retry_after_s[named & completed] - 1e-9).all()

@@ -83,7 +83,12 @@ that reserves the request's tokens: a fresh request may not take reserved tokens
 the Retry-After is the time for the bucket to refill the request's tokens after those
 reserved before it. A budget ticket is issued only while everything reserved fits the
 bucket, so every promise is kept without the bucket going below zero: over any window
-the tenant is admitted at most ``burst + rate × window``. A retry without its ticket
+the tenant is admitted at most ``burst + rate × window``. Past that cap (a tenant offering
+several times its budget: it is refused faster than its bucket refills, so turns exist
+for only some of its refusals) the shed names no time (``client_backoff``: HTTP 429
+without ``Retry-After``): a time named then would be a guess that the retry finds spent
+by the tickets before it and the fresh requests after them, and a Retry-After is kept or
+not sent. A retry without its ticket
 header (a plain client that obeys Retry-After) redeems its tenant's oldest valid budget
 ticket that covers it.
 
@@ -1084,14 +1089,23 @@ class AdmissionPolicy:
                 # A budget ticket reserves the request's tokens for its retry, once they
                 # and those promised before have refilled: only while all of them fit
                 # the bucket, so that every promise is kept without debt.
-                if (
-                    cfg.retry_tickets
-                    and wait <= cfg.promise_horizon_s
-                    and cost + reserved <= bucket.capacity_tokens
-                ):
+                if not cfg.retry_tickets or cost > bucket.capacity_tokens:
+                    return shed  # no ticket system; or it passes only on idle capacity
+                if wait <= cfg.promise_horizon_s and cost + reserved <= bucket.capacity_tokens:
                     promised = dataclasses.replace(shed, retry_after_s=wait)
                     return self._with_ticket(now, promised, request, credit_tokens=cost)
-                return shed
+                # Every turn the bucket can promise is taken: the refill up to the time
+                # named goes to the tickets before it and to the fresh requests after
+                # them, so a time named here would be a guess that a retry finds spent.
+                # Name none; the client paces itself.
+                return dataclasses.replace(
+                    shed,
+                    retry_after_s=None,
+                    client_backoff=True,
+                    detail=f"{shed.detail}; every turn its budget can promise is taken "
+                    f"({reserved:.0f} of {bucket.capacity_tokens:.0f} tokens reserved): back "
+                    "off and retry",
+                )
         return None
 
     @staticmethod

@@ -7,8 +7,10 @@ Every offered request gets exactly one :data:`Decision`:
 * :class:`Shed`: refuse it now, truthfully: a :class:`ShedReason` and, when a retry can
   help, ``retry_after_s`` computed from the state that caused the refusal (a queue's
   measured drain rate, a token bucket's refill time, a breaker's probe time), never a
-  constant. ``retry_after_s`` is None only when no retry can help (the request can never
-  fit, or its fixed deadline cannot be met).
+  constant. ``retry_after_s`` is None when no retry can help (the request can never
+  fit, or its fixed deadline cannot be met), or, with ``client_backoff``, when a retry
+  may help but no time can be named that would be kept (a tenant far over its budget
+  whose every promisable turn is taken): the client paces itself.
 
 The drivers map these to their world in one table each (the live gateway: 429 with
 ``Retry-After``, 503, 400; the simulator: the request's terminal state and reason).
@@ -111,7 +113,17 @@ class Shed:
     retry that presents it after ``retry_after_s`` is queued at the front of its line
     instead of being judged again against a full queue. None: no promise."""
 
+    client_backoff: bool = False
+    """With ``retry_after_s`` None: a retry may pass later, but no turn can be promised,
+    so none is named (HTTP 429 without ``Retry-After``; the client retries on its own
+    backoff). False with ``retry_after_s`` None: no retry can help."""
+
     def __post_init__(self) -> None:
+        if self.client_backoff and self.retry_after_s is not None:
+            raise ValueError(
+                f"Shed.client_backoff names no time, so retry_after_s must be None "
+                f"(got {self.retry_after_s}) for reason {self.reason.value}"
+            )
         if self.retry_after_s is not None and not (
             math.isfinite(self.retry_after_s) and self.retry_after_s >= 0
         ):

@@ -16,7 +16,9 @@ seed 003: "bounded retry policy" contains "duplicate work and retry storms"):
 2. ``NOT_IDEMPOTENT``: the operation may have had an effect (a refund); its outcome goes
    to reconciliation, not to a retry "merely because the service is busy" (seed 000).
 3. ``NOT_RETRYABLE``: the request itself is invalid (a 4xx), or the server refused it and
-   said no retry can help (a shed with no ``retry_after_s``).
+   said no retry can help (a shed with no ``retry_after_s``). A refusal that names no
+   time but invites a retry (``THROTTLED``: a 429 without ``Retry-After``) goes on to the
+   backoff.
 4. ``ATTEMPTS_EXHAUSTED``: ``attempt >= max_attempts``.
 5. The delay: ``backoff = min(backoff_max_s, backoff_base_s * 2**(attempt - 1))``, then
    jitter (``full``: uniform(0, backoff); ``equal``: backoff/2 + uniform(0, backoff/2);
@@ -145,7 +147,13 @@ class FailureKind(enum.Enum):
     """What went wrong with an attempt."""
 
     REFUSED = "refused"
-    """Shed by admission (429/503 with a reason): the work was never started."""
+    """Shed by admission (429/503 with a reason): the work was never started. Without a
+    ``Retry-After``, the server said no retry can help."""
+
+    THROTTLED = "throttled"
+    """Shed with 429 and no ``Retry-After``: a retry may pass, but the server could name
+    no time it would keep (a tenant far over its budget), so the client's own backoff
+    paces it."""
 
     CONNECT_ERROR = "connect_error"
     """The request never reached the server."""

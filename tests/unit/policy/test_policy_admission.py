@@ -469,7 +469,7 @@ def test_a_work_conserving_budget_borrows_only_the_capacity_the_others_leave() -
     and then meets its own budget though nobody waits yet, while a tenant within its
     share still passes on its own bucket; the pool refills at the capacity's rate."""
     acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
-    initech = TenantLimits(token_rate_per_s=2_300.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_400.0, burst_s=1.0, work_conserving=True)
     policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": acme, "initech": initech}))
     big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 tokens
     assert policy.decide(NOW, big, _snapshot()) == Admit()  # the pool: 2,400 -> 1,200
@@ -478,7 +478,27 @@ def test_a_work_conserving_budget_borrows_only_the_capacity_the_others_leave() -
     assert shed.retry_after_s is not None and shed.retry_after_s > 0
     mine = replace(big, tenant="initech")
     assert policy.decide(NOW, mine, _snapshot()) == Admit()  # its own share: never lent away
-    assert policy.decide(NOW + 1.0, big, _snapshot()) == Admit()  # refilled by 2,400
+    assert policy.decide(NOW + 1.0, big, _snapshot()) == Admit()  # refilled by 2,500
+
+
+def test_the_budgets_pool_holds_the_largest_burst_not_their_sum() -> None:
+    """Unused capacity does not keep: a tenant over its own bucket may borrow at once at
+    most the largest tenant's burst (the least tc-htb(8) allows a parent class), not every
+    tenant's stored burst together. With their sum, a flood put ten seconds of the
+    cluster's work into the engines at its start, and the light tenants' TTFT p99 was
+    set by those seconds (issue 17)."""
+    limits = TenantLimits(token_rate_per_s=1_000.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants=dict.fromkeys(("a", "b", "c"), limits)))
+    half = _request(prompt_tokens=300, p95_output_tokens=200)  # 500 tokens
+    flood = replace(half, tenant="a")
+    assert policy.decide(NOW, flood, _snapshot()) == Admit()  # its own bucket: 1,000 -> 500
+    assert policy.decide(NOW, flood, _snapshot()) == Admit()  # -> 0; the pool: 1,000 -> 0
+    # The sum of the bursts (3,000) would lend it 2,000 more now; the largest burst is spent.
+    _shed(policy.decide(NOW, flood, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+    assert policy.decide(NOW, replace(half, tenant="b"), _snapshot()) == Admit()  # its own
+    # The pool (-500 after b's call) refills at the capacity's rate, 3,000/s: at 0.4 s
+    # it holds 700 and lends a what its own bucket (400) lacks.
+    assert policy.decide(NOW + 0.4, flood, _snapshot()) == Admit()
 
 
 def test_the_budgets_pool_is_charged_with_the_work_of_tenants_without_a_budget() -> None:
@@ -488,7 +508,7 @@ def test_the_budgets_pool_is_charged_with_the_work_of_tenants_without_a_budget()
     a flood the capacity a backfill was using, and at the knee the light tenants' TTFT
     p99 more than doubled (issue 17). Refunds go back to it likewise."""
     acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
-    initech = TenantLimits(token_rate_per_s=2_300.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_400.0, burst_s=1.0, work_conserving=True)
     policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": acme, "initech": initech}))
     big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 tokens
     backfill = replace(big, tenant="ingest")  # no budget: always admitted on its own
@@ -504,7 +524,7 @@ def test_the_budgets_pool_takes_refunds_and_keeps_its_level_across_a_reload() ->
     the tenant's bucket, so they can be lent again; a reload keeps what the pool held (no
     fresh burst to borrow from)."""
     acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
-    initech = TenantLimits(token_rate_per_s=2_300.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_400.0, burst_s=1.0, work_conserving=True)
     config = AdmissionConfig(tenants={"acme": acme, "initech": initech})
     policy = AdmissionPolicy(config)
     big = _request(prompt_tokens=1000, p95_output_tokens=200)  # 1,200 tokens

@@ -946,7 +946,7 @@ class AdmissionPolicy:
         tenant over its own bucket may borrow (None: no such budget).
 
         A bucket at the sum of those tenants' rates (the capacity their shares split),
-        holding the sum of their bursts, charged with every request admitted, whoever's
+        holding the largest of their bursts, charged with every request admitted, whoever's
         (tenants without a budget use the same engines: a backfill's tokens are not idle
         capacity; charged with the budgeted tenants' work only, the pool lent a flood
         what a backfill used and the light tenants' TTFT p99 more than doubled, issue 17): a
@@ -954,7 +954,15 @@ class AdmissionPolicy:
         take more than the capacity (a hierarchical token bucket's parent, as Linux's HTB
         lends a class's unused rate to its siblings). A burst the cluster can absorb
         passes whole; a flood several times the capacity empties the pool within seconds
-        and then meets its own budget, whoever is waiting."""
+        and then meets its own budget, whoever is waiting.
+
+        The pool holds the largest burst, not their sum: the least tc-htb(8) allows a
+        parent class ("burst ... should be at least as high as the highest burst of all
+        children"). Unused capacity does not keep: the sum let one tenant take every
+        tenant's stored burst at once, ten seconds of the cluster's work put into the
+        engines in a moment, and the light tenants' calls queued behind it in the
+        engines, where no wait in the gateway's queues shows it (their TTFT p99 under a
+        10x flood was set by its first seconds; issue 17)."""
         if self._pool_built:
             return self._pool
         self._pool_built = True
@@ -968,7 +976,7 @@ class AdmissionPolicy:
         if lending:
             self._pool = TokenBucket(
                 rate_per_s=sum(r for r, _ in lending),
-                capacity_tokens=sum(b for _, b in lending),
+                capacity_tokens=max(b for _, b in lending),
                 now=now,
             )
         return self._pool

@@ -10,10 +10,11 @@ examples/clusters/overload.yaml:
    ``headway-default`` (``goodput_ratio_*`` = goodput at 3× / goodput at the knee), the
    critical class's attainment at 3×, and the shed reasons;
 3. retries: in a saturation run (5× the knee, ``headway-default``), of the calls retried
-   at least once after a shed, the fraction that completed on their first retry
-   (``attempts == 2``); and a retry storm (clients time out attempts and retry, 3× the
-   knee, no gateway): the retry amplification (attempts / offered calls) without and
-   with the clients' retry budget;
+   after a shed that named a Retry-After, the fraction that completed on their first
+   retry (``attempts == 2``; ``first_retry_success_all``: of every retried call, those
+   after a budget's 429 that named no time included); and a retry storm (clients time
+   out attempts and retry, 3× the knee, no gateway): the retry amplification
+   (attempts / offered calls) without and with the clients' retry budget;
 4. a flooding tenant: at the knee, ``globex`` sends 10× its share; the other interactive
    tenants' TTFT p99 with and without the flood, under both presets;
 5. memory pressure: a replica with few KV blocks, preemptions without admission
@@ -211,7 +212,9 @@ def main() -> None:
 
     # 3a. Retry-After in a saturation run: of the calls a client retried after a shed
     # (honouring the computed Retry-After), the fraction completed on the first retry.
-    def retry_figures(label: str, outcome: SimOutcome, result: SimResult) -> float | None:
+    def retry_figures(
+        label: str, outcome: SimOutcome, result: SimResult
+    ) -> tuple[float | None, float | None]:
         calls = outcome.calls
         retried = calls.attempts >= 2
         first = (calls.attempts == 2) & (calls.outcome == OUTCOMES.index("completed"))
@@ -220,6 +223,7 @@ def main() -> None:
         # are paced by the clients' own backoff and counted apart.
         invited = retried & np.isfinite(calls.first_retry_after_s)
         share = float((first & invited).sum() / invited.sum()) if invited.any() else None
+        share_all = float(first.sum() / retried.sum()) if retried.any() else None
         paced = retried & ~invited
         print(
             f"{label}: amplification {result.accounting.amplification:.3f}, "
@@ -236,12 +240,12 @@ def main() -> None:
                 for n in np.unique(calls.attempts[retried])
             }
             print(f"  retried calls by outcome@attempts: { {k: v for k, v in ends.items() if v} }")
-        return share
+        return share, share_all
 
     print()
     retry_figures("retries at 3× (headway-default)", over_records, over)
     sat, sat_records = run(spec, with_preset(base, "headway-default"), SATURATION * kf)
-    first_retry_success = retry_figures(
+    first_retry_success, first_retry_success_all = retry_figures(
         f"retries at {SATURATION:.0f}× (headway-default, the saturation run)", sat_records, sat
     )
     notes.append(
@@ -361,6 +365,7 @@ def main() -> None:
         "retry_amplification_no_budget": amplification_no_budget,
         "retry_amplification_budget": amplification_budget,
         "first_retry_success": first_retry_success,
+        "first_retry_success_all": first_retry_success_all,
         "preemptions_with_admission": preemptions["headway-default"],
         "preemptions_without_admission": preemptions["fifo-unbounded"],
     }
@@ -379,6 +384,7 @@ def main() -> None:
             ">= 0.9",
             None if first_retry_success is None else first_retry_success >= 0.9,
         ),
+        "first_retry_success_all": ("none (every retry)", None),
         "preemptions_with_admission": (
             "0 (where without > 0)",
             preemptions["headway-default"] == 0 and preemptions["fifo-unbounded"] > 0,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from headway.drill.load import LoadRun
+from headway.drill.load import LoadRun, names_no_time
 from headway.drill.spec import LoadSpec
 from headway.emulate.process import EmulatorProcess
 from headway.gateway.process import GatewayProcess
@@ -70,3 +70,30 @@ def test_a_call_waiting_out_its_retry_after_is_not_in_flight(gateway: GatewayPro
     assert waiting, "no call was refused with a Retry-After: the test shows nothing"
     assert not waiting & in_flight, (waiting, in_flight)
     assert not waiting & set(cancelled), (waiting, cancelled)  # before: all were cancelled
+
+
+async def _flood(url: str) -> LoadRun:
+    spec = LoadSpec(
+        rate_per_s=30, duration_s=0.5, tenants={KEY: 1.0}, stream_fraction=0.0,
+        max_tokens=48, retry="obey", max_attempts=3, timeout_s=20,
+    )  # fmt: skip
+    load = LoadRun([url], spec, model=MODEL, seed=11)
+    async with aiohttp.ClientSession() as session:
+        await load.run(session)
+        await asyncio.gather(*load.tasks.values())
+    return load
+
+
+def test_a_budget_refusal_that_names_no_time_is_retried_on_the_clients_backoff(
+    gateway: GatewayProcess,
+) -> None:
+    # 15 calls in half a second against a 300-token bucket: a few pass, the bucket can
+    # promise turns to a few more (a Retry-After and a ticket), and the rest are told no
+    # time (429 without Retry-After): the drills' clients back off and retry those instead
+    # of taking the missing Retry-After for "never", and the drills do not count them
+    # as refusals that fail to say when to come back.
+    load = asyncio.run(_flood(gateway.url))
+    told_no_time = [c for c in load.calls if names_no_time(c.status, c.reason, c.retry_after_s)]
+    assert told_no_time, [(c.state, c.status, c.reason, c.retry_after_s) for c in load.calls]
+    assert all(c.state == "shed" and c.attempts == 3 for c in told_no_time)
+    assert any(c.state == "ok" and c.shed_attempts for c in load.calls)  # a kept turn

@@ -33,6 +33,13 @@ def test_a_shed_a_wait_can_fix_is_deferred_for_a_deferrable_band() -> None:
         (Shed(ShedReason.DEADLINE_UNMEETABLE, retry_after_s=None), "background", False, 0),
         (Shed(ShedReason.DRAINING, retry_after_s=0.0), "background", False, 0),
         (Shed(ShedReason.EXPIRED, retry_after_s=1.0), "background", False, 0),
+        # A tenant with no budget turn left: its excess would fill the shared backlog.
+        (
+            Shed(ShedReason.TENANT_TOKEN_RATE, retry_after_s=None, client_backoff=True),
+            "background",
+            False,
+            0,
+        ),
     ],
 )
 def test_no_deferral_when_it_cannot_help(shed: Shed, band: str, stream: bool, queued: int) -> None:

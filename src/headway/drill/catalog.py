@@ -38,7 +38,7 @@ RETRY_AFTER = Expect(
     figure="sheds_missing_retry_after",
     op="==",
     value=0,
-    why="every 429/503 refusal says when to come back",
+    why="every 429/503 refusal says when to come back (but a budget's that has no turn left)",
 )
 ENGINES_IDLE = Expect(
     figure="engine_running_after",

@@ -27,7 +27,7 @@ from headway.core.policy.decisions import ShedReason
 from headway.core.policy.retries import RetryConfig, RetryPolicy
 from headway.drill.spec import LoadSpec
 
-__all__ = ["STATES", "Call", "LoadRun", "backs_off"]
+__all__ = ["STATES", "Call", "LoadRun", "names_no_time"]
 
 _BACKOFF: Final = RetryPolicy(RetryConfig())
 """The default clients' backoff (only its schedule is used, not its budget)."""
@@ -69,10 +69,10 @@ class Call:
     request_ids: list[str] = field(default_factory=list)
 
 
-def backs_off(status: int, reason: str) -> bool:
-    """A tenant budget's 429 that names no time: every turn the budget can promise is
-    taken, so the client paces its retry on its own backoff."""
-    return status == 429 and reason == ShedReason.TENANT_TOKEN_RATE.value
+def names_no_time(status: int, reason: str, retry_after_s: float | None) -> bool:
+    """A tenant budget's 429 without a Retry-After: every turn the budget can promise is
+    taken, so the client paces its retry on its own (jittered) backoff."""
+    return status == 429 and reason == ShedReason.TENANT_TOKEN_RATE.value and retry_after_s is None
 
 
 class _Shed(Exception):
@@ -191,8 +191,8 @@ class LoadRun:
                             return
                         if spec.retry == "obey":
                             wait_s = shed.retry_after_s or 0.0
-                            if shed.retry_after_s is None and backs_off(shed.status, shed.reason):
-                                wait_s = _BACKOFF.backoff_s(call.shed_attempts)
+                            if names_no_time(shed.status, shed.reason, shed.retry_after_s):
+                                wait_s = _BACKOFF.delay_s(call.shed_attempts, self.rng)
                             left_s = spec.timeout_s - (time.monotonic() - call.started_s)
                             if wait_s >= left_s - 1.0:  # no time left to wait and be served
                                 call.state = "shed"

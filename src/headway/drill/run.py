@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 
 from headway.core.metrics import little_from_counters, sampled_area
-from headway.drill.load import STATES, LoadRun, backs_off
+from headway.drill.load import STATES, LoadRun, names_no_time
 from headway.drill.observe import Metrics, rss_mb, scrape, scrape_all
 from headway.drill.spec import Drill, Fault
 from headway.drill.stack import LocalStack, RemoteStack, Stack, Unsupported
@@ -511,7 +511,7 @@ def _figures(
     f["server_errors"] = counts["server_error"]
     f["sheds_missing_retry_after"] = float(
         sum(1 for c in calls if c.state == "shed" and c.status in (429, 503)
-            and c.retry_after_s is None and not backs_off(c.status, c.reason))
+            and c.retry_after_s is None and not names_no_time(c.status, c.reason, None))
     )  # fmt: skip
     shed_attempts = sum(c.shed_attempts for c in calls)
 

@@ -105,8 +105,9 @@ class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     retry: Literal["none", "obey", "storm"] = "obey"
     """After a 429/503: ``none`` gives up; ``obey`` waits the Retry-After and retries with
-    the ticket (at most ``max_attempts``; it gives up when the wait would not leave time
-    to be served within ``timeout_s``); ``storm`` retries at once, ignoring both."""
+    the ticket (a budget's 429 without one: its own jittered backoff; at most
+    ``max_attempts``; it gives up when the wait would not leave time to be served within
+    ``timeout_s``); ``storm`` retries at once, ignoring both."""
 
     max_attempts: int = 3
     """Attempts per call, the first included."""

@@ -182,14 +182,13 @@ class UpstreamRelay(ShedAnswers):
                 failure = FailureKind.CONNECT_ERROR
             else:
                 if resp.status >= 500 or resp.status == 429:
+                    failure = (
+                        FailureKind.REFUSED
+                        if resp.status in (429, 503)
+                        else FailureKind.UPSTREAM_ERROR
+                    )
                     text = resp.headers.get("Retry-After", "")
                     upstream_retry_after = float(text) if text.isdigit() else None
-                    if resp.status == 429 and upstream_retry_after is None:
-                        failure = FailureKind.THROTTLED  # no time named: back off
-                    elif resp.status in (429, 503):
-                        failure = FailureKind.REFUSED
-                    else:
-                        failure = FailureKind.UPSTREAM_ERROR
                     error_body = await resp.read()
                     resp.release()
                     if stopped_at_deadline(resp.status, error_body):
@@ -225,7 +224,7 @@ class UpstreamRelay(ShedAnswers):
             lease.phase = Phase.UNSENT  # the engine failed it before any output
             self.m_upstream_errors(upstream.url).inc()
             # An overload refusal (429, 503) says nothing of the release's health.
-            if failure not in (FailureKind.REFUSED, FailureKind.THROTTLED):
+            if failure is not FailureKind.REFUSED:
                 self._attempt_ended(upstream, error=True)
             if failure is FailureKind.CONNECT_ERROR:
                 upstream.eject(time.monotonic(), self.config.eject_s)

@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, Final
 
 from headway.core.lifecycle import Event, State, advance
-from headway.core.policy.decisions import Shed, ShedReason
+from headway.core.policy.decisions import CLIENT_BACKOFF_MEANING, Shed, ShedReason
 from headway.gateway.guards import error_response
 from headway.gateway.request_body import DEADLINE_HEADER, TICKET_HEADER
 
@@ -70,7 +70,7 @@ class ShedAnswers:
             shed = dataclasses.replace(
                 shed, detail=f"{shed.detail}; raise {DEADLINE_HEADER} or lower max_tokens"
             )
-        meaning = shed.reason.meaning
+        meaning = CLIENT_BACKOFF_MEANING if shed.client_backoff else shed.reason.meaning
         if (
             shed.reason is ShedReason.TENANT_TOKEN_RATE
             and shed.retry_after_s is None

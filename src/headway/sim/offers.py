@@ -22,7 +22,7 @@ from headway.core.policy.charges import Phase
 from headway.core.policy.decisions import Shed
 from headway.core.policy.deferral import should_defer
 from headway.core.policy.queues import BANDS
-from headway.core.policy.retries import AttemptOutcome, FailureKind, RetryAfter
+from headway.core.policy.retries import AttemptOutcome, RetryAfter, refusal_kind
 from headway.core.workload.compile import CompiledWorkload
 from headway.sim.events import ATTEMPT_CODES, EV_CALL_DEADLINE, EV_GATEWAY_EXPIRY, EV_RETRY
 from headway.sim.fleet import FleetChanges
@@ -123,8 +123,11 @@ class GatewayOffers(FleetChanges):
             self._first_retry_after_s[j] = self._retry_after_s[j]
         if decision.ticket is not None:
             self._ticket[j] = decision.ticket
+        else:
+            # Its client echoes the last answer's ticket, and this one had none.
+            self._ticket.pop(j, None)
         attempt = AttemptOutcome(
-            kind=FailureKind.THROTTLED if decision.client_backoff else FailureKind.REFUSED,
+            kind=refusal_kind(decision),
             idempotent=self._class_idempotent[k],
             deadline_s=None if renews else deadline_s,
         )

@@ -534,3 +534,44 @@ def test_the_budgets_pool_takes_refunds_and_keeps_its_level_across_a_reload() ->
     _shed(policy.decide(NOW, big, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
     policy.refund(NOW, "acme", 1_200)
     assert policy.decide(NOW, big, _snapshot()) == Admit()  # lent again
+
+
+def test_a_shed_that_names_no_time_is_a_budgets_without_a_time_or_a_ticket() -> None:
+    assert Shed(ShedReason.TENANT_TOKEN_RATE, None, client_backoff=True).client_backoff
+    with pytest.raises(ValueError, match="retry_after_s must be None"):
+        Shed(ShedReason.TENANT_TOKEN_RATE, 2.0, client_backoff=True)
+    with pytest.raises(ValueError, match="got queue_full"):
+        Shed(ShedReason.QUEUE_FULL, None, client_backoff=True)
+    with pytest.raises(ValueError, match="carries no ticket"):
+        Shed(ShedReason.TENANT_TOKEN_RATE, None, ticket=7, client_backoff=True)
+
+
+def test_a_work_conserving_request_larger_than_the_pool_can_never_pass() -> None:
+    """A work-conserving budget lends a request over its own bucket only from the pool,
+    whose level never passes its capacity (the largest burst): one larger than that is
+    refused as never fitting (no Retry-After, a 400 at the gateway), not sent back to
+    retry forever."""
+    acme = TenantLimits(token_rate_per_s=100.0, burst_s=1.0, work_conserving=True)
+    initech = TenantLimits(token_rate_per_s=2_000.0, burst_s=1.0, work_conserving=True)
+    policy = AdmissionPolicy(AdmissionConfig(tenants={"acme": acme, "initech": initech}))
+    fits = _request(prompt_tokens=1500, p95_output_tokens=400)  # 1,900: the pool holds it
+    assert policy.decide(NOW, fits, _snapshot()) == Admit()
+    huge = _request(prompt_tokens=1800, p95_output_tokens=400)  # 2,200 > the pool's 2,000
+    shed = _shed(policy.decide(NOW + 60.0, huge, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+    assert shed.retry_after_s is None and not shed.client_backoff and shed.ticket is None
+    assert "2000 tokens" in shed.detail and "lower max_tokens" in shed.detail
+
+
+def test_a_budget_refusal_past_the_promise_horizon_keeps_its_capped_time() -> None:
+    """Turns left in the bucket but further off than ``promise_horizon_s``: the capped
+    Retry-After without a ticket (as for a queue), not the no-time answer that is kept
+    for a tenant whose every turn is promised."""
+    limits = TenantLimits(token_rate_per_s=10.0, burst_s=100.0)  # 1,000 tokens, 100 s
+    config = AdmissionConfig(tenants={"acme": limits}, promise_horizon_s=5.0)
+    policy = AdmissionPolicy(config)
+    request = _request(prompt_tokens=300, p95_output_tokens=200)  # 500 tokens
+    assert policy.decide(NOW, request, _snapshot()) == Admit()
+    assert policy.decide(NOW, request, _snapshot()) == Admit()  # the bucket is empty
+    shed = _shed(policy.decide(NOW, request, _snapshot()), ShedReason.TENANT_TOKEN_RATE)
+    assert shed.ticket is None and not shed.client_backoff
+    assert shed.retry_after_s == pytest.approx(50.0)  # the refill time, a hint

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from headway.core.policy.decisions import Shed, ShedReason
 from headway.core.policy.retries import (
     AttemptOutcome,
     FailureKind,
@@ -14,6 +15,7 @@ from headway.core.policy.retries import (
     RetryAfter,
     RetryConfig,
     RetryPolicy,
+    refusal_kind,
 )
 
 ERROR = AttemptOutcome(kind=FailureKind.UPSTREAM_ERROR)
@@ -190,3 +192,11 @@ def test_a_refusal_that_names_no_time_but_invites_a_retry_is_paced_by_the_backof
     assert isinstance(first, RetryAfter) and first.delay_s == 0.5
     second = policy.next_attempt(2.0, 2, throttled, None, _rng())
     assert isinstance(second, RetryAfter) and second.delay_s == 1.0
+    # The core says which a shed is, for every driver.
+    assert refusal_kind(Shed(ShedReason.TENANT_TOKEN_RATE, None, client_backoff=True)) is (
+        FailureKind.THROTTLED
+    )
+    assert refusal_kind(Shed(ShedReason.TENANT_TOKEN_RATE, None)) is FailureKind.REFUSED
+    # Its delay is the jittered backoff (full jitter: within the backoff, spread).
+    delays = [_policy().delay_s(2, np.random.default_rng(seed)) for seed in range(50)]
+    assert all(0 <= d <= 1.0 for d in delays) and len(set(delays)) == 50

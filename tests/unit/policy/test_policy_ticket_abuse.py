@@ -76,12 +76,13 @@ def test_tickets_of_small_requests_do_not_admit_large_ones() -> None:
     # One ticket fits the bucket; the refusals after it name no time (no turn is left).
     assert [s.ticket is not None for s in sheds] == [True, False, False]
     assert all(s.client_backoff and s.retry_after_s is None for s in sheds[1:])
-    for shed in sheds[:1]:
-        back = NOW + (shed.retry_after_s or 0.0)
-        huge = policy.decide(back, _request(20_000, ticket=shed.ticket), load)
-        assert isinstance(huge, Shed) and huge.retry_after_s is None  # it can never fit
-        level = policy.tokens_available(back, "acme")
-        assert level is not None and level >= 0.0
+    shed = sheds[0]
+    back = NOW + (shed.retry_after_s or 0.0)
+    huge = policy.decide(back, _request(20_000, ticket=shed.ticket), load)
+    assert isinstance(huge, Shed) and huge.retry_after_s is None  # it can never fit
+    assert not huge.client_backoff
+    level = policy.tokens_available(back, "acme")
+    assert level is not None and level >= 0.0
 
 
 def test_a_request_larger_than_the_whole_bucket_is_refused_as_impossible() -> None:

@@ -122,8 +122,8 @@ def test_a_budget_refusal_past_its_promisable_turns_is_retried_on_the_clients_ba
     result, out = simulate_compiled(w, parse_cluster(cluster))
     c = out.calls
     assert result.accounting.balanced
-    budget_shed = np.isfinite(c.first_retry_after_s) | (c.attempts >= 2)
-    assert budget_shed.sum() > 0.5 * w.num_calls
+    assert set(result.accounting.shed_by_reason) == {"tenant_token_rate"}
+    assert (np.isfinite(c.first_retry_after_s) | (c.attempts >= 2)).sum() > 0.5 * w.num_calls
     named = (c.attempts >= 2) & np.isfinite(c.first_retry_after_s)
     unnamed = (c.attempts >= 2) & np.isnan(c.first_retry_after_s)
     assert named.sum() > 20 and unnamed.sum() > 20

@@ -156,7 +156,8 @@ class TenantLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     burst_s: float = 10.0
     """The bucket holds this many seconds of ``token_rate_per_s``: a tenant idle that long
     may burst that much at once. A single request larger than the bucket never passes
-    (unless ``work_conserving``)."""
+    (with ``work_conserving``: larger than the budgets' pool, which holds the largest
+    work-conserving tenant's burst)."""
 
     work_conserving: bool = False
     """``true``: the budget binds only under contention. A request over the bucket is
@@ -1000,12 +1001,17 @@ class AdmissionPolicy:
             )
         limits = self.config.limits(request.tenant)
         burst = limits.burst_tokens
-        if burst is not None and request.cost_tokens > burst and not limits.work_conserving:
-            return Shed(
-                ShedReason.TENANT_TOKEN_RATE,
-                None,
-                self.over_budget_detail(request, burst),
-            )
+        if burst is not None and request.cost_tokens > burst:
+            # A work-conserving budget lends more only from the pool, whose level never
+            # passes its capacity: past that, no wait helps either.
+            pool = self._pool_bucket(now) if limits.work_conserving else None
+            ceiling = burst if pool is None else max(burst, pool.capacity_tokens)
+            if request.cost_tokens > ceiling:
+                return Shed(
+                    ShedReason.TENANT_TOKEN_RATE,
+                    None,
+                    self.over_budget_detail(request, ceiling),
+                )
         if request.deadline_s is None:
             return None
         remaining_s = request.deadline_s - now
@@ -1099,7 +1105,9 @@ class AdmissionPolicy:
                 # the bucket, so that every promise is kept without debt.
                 if not cfg.retry_tickets or cost > bucket.capacity_tokens:
                     return shed  # no ticket system; or it passes only on idle capacity
-                if wait <= cfg.promise_horizon_s and cost + reserved <= bucket.capacity_tokens:
+                if cost + reserved <= bucket.capacity_tokens:
+                    if wait > cfg.promise_horizon_s:
+                        return shed  # past the horizon: the capped hint, as for queues
                     promised = dataclasses.replace(shed, retry_after_s=wait)
                     return self._with_ticket(now, promised, request, credit_tokens=cost)
                 # Every turn the bucket can promise is taken: the refill up to the time

@@ -24,7 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-__all__ = ["SHED_REASON_MEANINGS", "Admit", "Decision", "Enqueue", "Shed", "ShedReason"]
+__all__ = [
+    "CLIENT_BACKOFF_MEANING",
+    "SHED_REASON_MEANINGS",
+    "Admit",
+    "Decision",
+    "Enqueue",
+    "Shed",
+    "ShedReason",
+]
 
 
 class ShedReason(enum.Enum):
@@ -94,6 +102,17 @@ class Enqueue:
     line in the band, past the queue bounds (its place was promised when it was shed)."""
 
 
+_BACKOFF_REASONS: Final = frozenset({ShedReason.TENANT_TOKEN_RATE})
+"""The reasons whose shed may leave the pacing to the client (``client_backoff``): a
+tenant's budget, whose turns run out when it is refused faster than its bucket refills."""
+
+CLIENT_BACKOFF_MEANING: Final = (
+    "its tenant's token budget is spent and every turn it can promise is taken; back off "
+    "and retry later (no time can be named that would be kept)"
+)
+"""What a ``client_backoff`` shed means, for its error body (instead of its reason's)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Shed:
     """Refuse the request now, with the reason and when a retry may succeed."""
@@ -103,7 +122,7 @@ class Shed:
 
     retry_after_s: float | None
     """Seconds after which a retry may find room, computed from state; None when no retry
-    can help."""
+    can help, or (``client_backoff``) when no time can be named."""
 
     detail: str = ""
     """The numbers behind the decision, for the error body and logs."""
@@ -119,10 +138,18 @@ class Shed:
     backoff). False with ``retry_after_s`` None: no retry can help."""
 
     def __post_init__(self) -> None:
-        if self.client_backoff and self.retry_after_s is not None:
+        if self.client_backoff and (
+            self.retry_after_s is not None or self.reason not in _BACKOFF_REASONS
+        ):
             raise ValueError(
-                f"Shed.client_backoff names no time, so retry_after_s must be None "
-                f"(got {self.retry_after_s}) for reason {self.reason.value}"
+                f"Shed.client_backoff names no time and is a budget's, so retry_after_s "
+                f"must be None (got {self.retry_after_s}) and the reason one of "
+                f"{sorted(r.value for r in _BACKOFF_REASONS)} (got {self.reason.value})"
+            )
+        if self.client_backoff and self.ticket is not None:
+            raise ValueError(
+                "Shed.client_backoff promises no turn, so it carries no ticket "
+                f"(got ticket {self.ticket}) for reason {self.reason.value}"
             )
         if self.retry_after_s is not None and not (
             math.isfinite(self.retry_after_s) and self.retry_after_s >= 0

@@ -8,8 +8,12 @@ limits, capacity, the engines' health: any :class:`~headway.core.policy.decision
 whose ``retry_after_s`` is not None) is deferred: the driver stores it and runs it later
 inside the ``background`` share, and the client fetches the result. It is not deferred
 when no wait helps (``too_large``, a deadline shorter than the service alone), when the
-instance is draining, when it wants a stream (its answer is fetched whole), or when the
-deferred backlog already holds ``max_queued`` requests (then the shed stands, truthfully).
+instance is draining, when it wants a stream (its answer is fetched whole), when the
+deferred backlog already holds ``max_queued`` requests (then the shed stands, truthfully),
+or when its tenant's budget has no turn left to promise (``client_backoff``: the tenant
+is refused faster than its bucket refills, and deferring its excess would fill the
+backlog that every tenant shares with work its budget cannot pay for in any time that
+can be named).
 
 :func:`should_defer` is the one decision; the live gateway calls it on every shed, and a
 simulator driver can call it the same way.
@@ -68,6 +72,7 @@ def should_defer(
         band in config.deferrable
         and not stream
         and shed.retry_after_s is not None
+        and not shed.client_backoff
         and shed.reason not in _NEVER_DEFERRED
         and queued < config.max_queued
     )

@@ -41,6 +41,7 @@ import msgspec
 import numpy as np
 
 from headway.core.policy._checks import require
+from headway.core.policy.decisions import Shed
 from headway.core.policy.rates import WindowCounter
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "RetryConfig",
     "RetryDecision",
     "RetryPolicy",
+    "refusal_kind",
 ]
 
 
@@ -168,6 +170,12 @@ class FailureKind(enum.Enum):
     """The request itself is wrong (4xx other than 429); never retried."""
 
 
+def refusal_kind(shed: Shed) -> FailureKind:
+    """What a shed is to the client's retry policy: ``THROTTLED`` when it names no time
+    but invites a retry (``client_backoff``), else ``REFUSED``."""
+    return FailureKind.THROTTLED if shed.client_backoff else FailureKind.REFUSED
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptOutcome:
     """What the failed attempt did, and what the operation allows."""
@@ -263,6 +271,11 @@ class RetryPolicy:
         cfg = self.config
         exponent = min(attempt - 1, 1023)  # 2**1023 is the largest finite double power
         return min(cfg.backoff_max_s, cfg.backoff_base_s * 2.0**exponent)
+
+    def delay_s(self, attempt: int, rng: np.random.Generator) -> float:
+        """The backoff after ``attempt`` attempts, jittered (without a ``Retry-After``):
+        what a client waits after a refusal that names no time."""
+        return self._jittered(self.backoff_s(attempt), rng)
 
     def _jittered(self, backoff_s: float, rng: np.random.Generator) -> float:
         jitter = self.config.jitter

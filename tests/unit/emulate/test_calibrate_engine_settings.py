@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from headway.calibrate.engine_settings import cache_config_labels, write_cluster
+from headway.calibrate.engine_settings import cache_config_labels, vllm_release, write_cluster
 from headway.calibrate.profile import EngineSettings
 from headway.sim.cluster import parse_cluster
 
@@ -40,7 +40,7 @@ def test_the_cluster_file_holds_what_the_engine_said(tmp_path: Path) -> None:
     profile.write_text('{"format": "headway-profile/1", "step_time": {}}', encoding="utf-8")
     cluster = tmp_path / "cluster.yaml"
     missing = write_cluster(cluster, profile, settings, "http://127.0.0.1:8000")
-    assert missing == ["max_num_seqs", "enable_chunked_prefill"]
+    assert missing == ["max_num_seqs", "enable_chunked_prefill", "reserve_full_isl"]
     text = cluster.read_text(encoding="utf-8")
     assert "#   max_num_seqs: not exposed by the engine" in text
     data = yaml.safe_load(text)
@@ -48,3 +48,22 @@ def test_the_cluster_file_holds_what_the_engine_said(tmp_path: Path) -> None:
     spec = parse_cluster(data, str(cluster))
     assert spec.step_time == "profile" and spec.num_kv_blocks == 1365
     assert spec.engine.block_size == 128 and spec.engine.max_num_batched_tokens == 2048
+
+
+def test_a_vllm_release_says_whether_a_waiting_request_must_fit_whole(tmp_path: Path) -> None:
+    """vLLM from 0.32 admits a waiting request only when its whole sequence fits
+    (``scheduler_reserve_full_isl``, on by default there): the cluster file carries it, so
+    the simulator stops admitting prompts a small pool cannot hold (issue 14)."""
+    assert vllm_release("0.32.0") == (0, 32) and vllm_release("0.32.1.dev3+cpu") == (0, 32)
+    assert vllm_release("headway-emulate 0.9.0") is None and vllm_release(None) is None
+    settings = EngineSettings(reserve_full_isl=True, sources={"reserve_full_isl": "version"})
+    (tmp_path / "profile.json").write_text(
+        '{"format": "headway-profile/1", "step_time": {}}', encoding="utf-8"
+    )
+    cluster = tmp_path / "cluster.yaml"
+    missing = write_cluster(cluster, tmp_path / "profile.json", settings, "http://x")
+    assert "reserve_full_isl" not in missing
+    text = cluster.read_text(encoding="utf-8")
+    assert "#   reserve_full_isl: from version" in text
+    spec = parse_cluster(yaml.safe_load(text), str(cluster))
+    assert spec.engine.reserve_full_isl is True

@@ -44,12 +44,18 @@ def _waiting_to_retry(load: LoadRun) -> set[int]:
     }
 
 
-async def _cancel_while_some_wait(url: str) -> tuple[set[int], list[int], set[int]]:
+def _load(url: str, duration_s: float, seed: int) -> LoadRun:
+    """30 non-streamed calls a second of the metered tenant for ``duration_s``, clients
+    obeying the refusals (3 attempts, 20 s each call)."""
     spec = LoadSpec(
-        rate_per_s=30, duration_s=0.4, tenants={KEY: 1.0}, stream_fraction=0.0,
+        rate_per_s=30, duration_s=duration_s, tenants={KEY: 1.0}, stream_fraction=0.0,
         max_tokens=48, retry="obey", max_attempts=3, timeout_s=20,
     )  # fmt: skip
-    load = LoadRun([url], spec, model=MODEL, seed=7)
+    return LoadRun([url], spec, model=MODEL, seed=seed)
+
+
+async def _cancel_while_some_wait(url: str) -> tuple[set[int], list[int], set[int]]:
+    load = _load(url, 0.4, seed=7)
     async with aiohttp.ClientSession() as session:
         await load.run(session)
         deadline = time.monotonic() + 10
@@ -73,11 +79,7 @@ def test_a_call_waiting_out_its_retry_after_is_not_in_flight(gateway: GatewayPro
 
 
 async def _flood(url: str) -> LoadRun:
-    spec = LoadSpec(
-        rate_per_s=30, duration_s=0.5, tenants={KEY: 1.0}, stream_fraction=0.0,
-        max_tokens=48, retry="obey", max_attempts=3, timeout_s=20,
-    )  # fmt: skip
-    load = LoadRun([url], spec, model=MODEL, seed=11)
+    load = _load(url, 0.5, seed=11)
     async with aiohttp.ClientSession() as session:
         await load.run(session)
         await asyncio.gather(*load.tasks.values())

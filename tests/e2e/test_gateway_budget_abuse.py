@@ -7,6 +7,7 @@ counts (``vllm:prompt_tokens_total`` + ``vllm:generation_tokens_total``)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -276,29 +277,38 @@ def test_an_engine_dying_mid_stream_charges_what_it_served() -> None:
         _assert_over_budget(gw.url, _body(10, 2980, stream=True))
 
 
-def test_a_ticket_does_not_admit_a_larger_retry(slow: EmulatorProcess) -> None:
+@contextlib.contextmanager
+def _first_ticket(engine: str) -> Iterator[tuple[GatewayProcess, dict[str, Any], Any]]:
+    """A gateway whose metered tenant has a 1,000-token bucket, one 610-token stream of it
+    held open (charged while it streams), and a second such request refused for the
+    budget with the turn the bucket can promise: the gateway, that request's body and
+    the refusal's headers."""
     rate, burst_s = 500.0, 2.0  # a 1,000-token bucket
-    with GatewayProcess(_config(slow.url, rate, burst_s)) as gw:
+    with GatewayProcess(_config(engine, rate, burst_s)) as gw:
         small = _body(10, 600, stream=True)
-        held = _Exchange(gw.url, METER, small)  # stays charged while it streams
+        held = _Exchange(gw.url, METER, small)
         try:
             assert held.response().status == 200
             status, headers, _ = _status(gw.url, METER, small)
             assert status == 429 and headers["x-headway-shed-reason"] == "tenant_token_rate"
-            ticket = headers["x-headway-retry-ticket"]
-            time.sleep(int(headers["x-headway-retry-after-ms"]) / 1000.0)
-            # The retry grew to the whole bucket: judged afresh, it does not fit yet.
-            bigger = _body(10, 995 - _cost(_body(10, 0, stream=True)), stream=True)
-            assert _cost(bigger) <= 1000
-            status, headers, _ = _status(
-                gw.url, METER, bigger, **{"x-headway-retry-ticket": ticket}
-            )
-            assert status == 429 and headers["x-headway-shed-reason"] == "tenant_token_rate"
-            # Nor is the dropped ticket good for another try.
-            status, _, _ = _status(gw.url, METER, bigger, **{"x-headway-retry-ticket": ticket})
-            assert status == 429
+            assert "x-headway-retry-ticket" in headers and "Retry-After" in headers
+            yield gw, small, headers
         finally:
             held.close()
+
+
+def test_a_ticket_does_not_admit_a_larger_retry(slow: EmulatorProcess) -> None:
+    with _first_ticket(slow.url) as (gw, _, headers):
+        ticket = headers["x-headway-retry-ticket"]
+        time.sleep(int(headers["x-headway-retry-after-ms"]) / 1000.0)
+        # The retry grew to the whole bucket: judged afresh, it does not fit yet.
+        bigger = _body(10, 995 - _cost(_body(10, 0, stream=True)), stream=True)
+        assert _cost(bigger) <= 1000
+        status, headers, _ = _status(gw.url, METER, bigger, **{"x-headway-retry-ticket": ticket})
+        assert status == 429 and headers["x-headway-shed-reason"] == "tenant_token_rate"
+        # Nor is the dropped ticket good for another try.
+        status, _, _ = _status(gw.url, METER, bigger, **{"x-headway-retry-ticket": ticket})
+        assert status == 429
 
 
 def test_a_refusal_past_the_promisable_turns_names_no_time(slow: EmulatorProcess) -> None:
@@ -306,23 +316,13 @@ def test_a_refusal_past_the_promisable_turns_names_no_time(slow: EmulatorProcess
     # the bucket can promise (a ticket and its Retry-After); the next finds every turn
     # promised and names none (a Retry-After would be a guess that the ticket's retry
     # and later fresh requests spend first): 429, no Retry-After, no ticket, never 400.
-    rate, burst_s = 500.0, 2.0  # a 1,000-token bucket
-    with GatewayProcess(_config(slow.url, rate, burst_s)) as gw:
-        small = _body(10, 600, stream=True)
-        held = _Exchange(gw.url, METER, small)  # stays charged while it streams
-        try:
-            assert held.response().status == 200
-            status, headers, _ = _status(gw.url, METER, small)
-            assert status == 429 and "x-headway-retry-ticket" in headers
-            assert "Retry-After" in headers
-            status, headers, text = _status(gw.url, METER, small)
-            assert status == 429, text
-            assert headers["x-headway-shed-reason"] == "tenant_token_rate"
-            assert "Retry-After" not in headers and "x-headway-retry-after-ms" not in headers
-            assert "x-headway-retry-ticket" not in headers
-            assert "back off" in json.loads(text)["error"]["message"]
-        finally:
-            held.close()
+    with _first_ticket(slow.url) as (gw, small, _):
+        status, headers, text = _status(gw.url, METER, small)
+        assert status == 429, text
+        assert headers["x-headway-shed-reason"] == "tenant_token_rate"
+        assert "Retry-After" not in headers and "x-headway-retry-after-ms" not in headers
+        assert "x-headway-retry-ticket" not in headers
+        assert "back off" in json.loads(text)["error"]["message"]
 
 
 def _free_port() -> int:

@@ -593,7 +593,11 @@ class GatewayCore:
             refused = self.budgets.check(now, request.tenant, request.cost_tokens)
             if refused is not None:
                 burst = self.settings.admission.limits(request.tenant).burst_tokens
-                if refused.retry_after_s is None and not refused.client_backoff and burst:
+                if (
+                    refused.retry_after_s is None
+                    and not refused.client_backoff
+                    and burst is not None
+                ):
                     # It can never fit the tenant's bucket: the core's reason and fix.
                     detail = self.admission.over_budget_detail(request, burst)
                     refused = dataclasses.replace(refused, detail=detail)

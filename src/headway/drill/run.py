@@ -511,7 +511,7 @@ def _figures(
     f["server_errors"] = counts["server_error"]
     f["sheds_missing_retry_after"] = float(
         sum(1 for c in calls if c.state == "shed" and c.status in (429, 503)
-            and c.retry_after_s is None and not names_no_time(c.status, c.reason, None))
+            and c.retry_after_s is None and not names_no_time(c.status, c.reason, c.retry_after_s))
     )  # fmt: skip
     shed_attempts = sum(c.shed_attempts for c in calls)
 

@@ -18,16 +18,22 @@ _CAPACITY_PER_S = 14.0
 
 
 def _simulate(
-    clients: dict[str, Any], gateway: str, rate_per_s: float = 3 * _CAPACITY_PER_S
+    clients: dict[str, Any],
+    gateway: str,
+    rate_per_s: float = 3 * _CAPACITY_PER_S,
+    *,
+    budget: dict[str, float] | None = None,
 ) -> tuple[CompiledWorkload, SimResult, SimOutcome]:
-    data = {
+    """``budget``: every call is tenant ``t``'s, with these token-budget limits (its
+    calls' ``max_tokens`` their output, 128, so that the gateway charges 640 a call)."""
+    data: dict[str, Any] = {
         "name": "clients",
         "duration_s": 60,
         "classes": {"fixed": {"input_tokens": 512, "output_tokens": 128}},
         "sources": [{"name": "s", "arrivals": {"process": "poisson", "rate_per_s": rate_per_s}}],
         "clients": clients,
     }
-    cluster = {
+    cluster: dict[str, Any] = {
         "replicas": 1,
         "model": "llama-2-7b",
         "gpu": "a100",
@@ -35,6 +41,11 @@ def _simulate(
         "engine": {"max_num_seqs": 128, "enable_chunked_prefill": False},
         "gateway": {"preset": gateway},
     }
+    if budget is not None:
+        data["classes"]["fixed"]["max_tokens"] = 128
+        data["sources"][0]["tenants"] = {"t": 1.0}
+        data["tenants"] = {"t": {}}
+        cluster["gateway"]["admission"] = {"tenants": {"t": budget}}
     w = compile_workload(parse_workload(data), seed=11)
     result, out = simulate_compiled(w, parse_cluster(cluster))
     return w, result, out
@@ -95,31 +106,12 @@ def test_a_budget_refusal_past_its_promisable_turns_is_retried_on_the_clients_ba
     # Retry-After and a ticket, and their retries get in; the rest name no time (the
     # gateway's 429 without Retry-After), and their clients retry on their own backoff
     # instead of giving up as if no retry could help.
-    data = {
-        "name": "budget",
-        "duration_s": 60,
-        "classes": {"fixed": {"input_tokens": 512, "output_tokens": 128, "max_tokens": 128}},
-        "sources": [
-            {
-                "name": "s",
-                "arrivals": {"process": "poisson", "rate_per_s": 12.0},
-                "tenants": {"t": 1.0},
-            }
-        ],
-        "tenants": {"t": {}},
-        "clients": {"retries": {"max_attempts": 3, "budget_ratio": 1.0}},
-    }
-    limits = {"token_rate_per_s": 2000.0, "burst_s": 10.0}
-    cluster = {
-        "replicas": 1,
-        "model": "llama-2-7b",
-        "gpu": "a100",
-        "num_kv_blocks": 7424,
-        "engine": {"max_num_seqs": 128, "enable_chunked_prefill": False},
-        "gateway": {"preset": "headway-default", "admission": {"tenants": {"t": limits}}},
-    }
-    w = compile_workload(parse_workload(data), seed=11)
-    result, out = simulate_compiled(w, parse_cluster(cluster))
+    w, result, out = _simulate(
+        {"retries": {"max_attempts": 3, "budget_ratio": 1.0}},
+        "headway-default",
+        12.0,
+        budget={"token_rate_per_s": 2000.0, "burst_s": 10.0},
+    )
     c = out.calls
     assert result.accounting.balanced
     assert set(result.accounting.shed_by_reason) == {"tenant_token_rate"}

@@ -14,8 +14,8 @@ Unknowns (seconds per unit): ``overhead``, ``per_prefill_token``, ``per_prefill_
   token ``i``, per sequence).
 
 The fit is non-negative least squares on relative errors (each decode row divided by
-its probe's typical step time, the prefill rows by their median TTFT), so short steps
-count as much as long prefills; samples far off a first
+its probe's typical step time, a prefill row by the larger of the median TTFT and its
+own), so short steps count as much as long prefills; samples far off a first
 fit (a stall of the client or the machine) are dropped and the fit repeated.
 
 :func:`bootstrap_intervals` refits on probes drawn with replacement among the repeats of
@@ -234,14 +234,18 @@ def _fit(samples: Samples) -> tuple[FitOutcome, np.ndarray[Any, np.dtype[np.floa
     ys: list[float] = []
     weights: list[float] = []
     refs: list[float] = []
-    # TTFT errors are lateness of about the same size at every prompt length, not a
-    # fraction of the TTFT: the prefill rows share one scale, their median.
+    # A TTFT's error is lateness, about the same size at every prompt length, or the
+    # host's speed, a fraction of the TTFT, whichever is larger: the short prompts share
+    # one scale (the median TTFT), a longer one's is its own. Against one shared scale a
+    # few per cent of a multi-second prefill outweighed the short prompts that pin the
+    # per-request cost (a CPU vLLM at 4,096 tokens: its fitted per_prefill_seq_s ranged
+    # 0-99 ms over the bootstrap and calibrate refused the fit).
     ttft_scale = float(np.median([t for _, _, t in samples.ttft])) if samples.ttft else 1.0
     for p, chunks, t in samples.ttft:
         rows.append([chunks, p, p * (p + 1) / 2, 0.0, 0.0, chunks])
         ys.append(t)
         weights.append(1.0)
-        refs.append(ttft_scale)
+        refs.append(max(ttft_scale, t))
     for b, kv, t, w, typical in samples.gaps:
         rows.append([1.0, 0.0, 0.0, b, kv, 0.0])
         ys.append(t)

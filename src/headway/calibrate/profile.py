@@ -101,7 +101,8 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The reference probe's median decode step, at the start of each round and at the
     end (engine seconds)."""
     drift: float = 0.0
-    """Largest relative change of ``reference_step_s`` from its first value."""
+    """Relative change over the run of the least-squares line through
+    ``reference_step_s`` (its value at the last reference against the first)."""
     problems: list[str] = msgspec.field(default_factory=list)
     """Why the fit is not to be trusted (empty: it passed the checks)."""
 

@@ -111,14 +111,30 @@ def _reference(step_s: float, r: int) -> ProbeSamples:
 
 
 def test_drift_of_the_reference_probe_fails_naming_the_drift() -> None:
-    steps = [0.34, 0.35, 0.56]  # the issue's host: 340 ms, then 560 ms minutes later
+    steps = [0.34, 0.45, 0.56]  # the issue's host: 340 ms, then 560 ms minutes later
     probes = _probes() + [_reference(s, r) for r, s in enumerate(steps)]
     measured, drift = reference_drift(probes)
     assert measured == steps and drift == pytest.approx(0.56 / 0.34 - 1)
     found = _judge(probes, TrustLimits(max_drift=0.15, max_ci_impact=1e9))
     assert len(found) == 1 and found[0].startswith("drift: ")
     assert "340 ms to 560 ms (+65%)" in found[0] and "--max-drift 15%" in found[0]
+    assert "the line through 340, 450, 560 ms" in found[0]
     assert _judge(probes, TrustLimits(max_drift=0.7, max_ci_impact=1e9)) == []
+
+
+def test_one_slow_reference_is_noise_not_drift() -> None:
+    """Four references of a real calibration of vLLM's CPU build on an idle host: one
+    slow one (+25% against the first) and the last within 7% of the first. The host did
+    not change speed; the line through them moves 1%. A host that slows step by step
+    moves the line as much as its last reference."""
+    steps = [0.0196, 0.0244, 0.0193, 0.0210]
+    _, drift = reference_drift([_reference(s, r) for r, s in enumerate(steps)])
+    assert drift == pytest.approx(0.013, abs=0.002)
+    assert _judge(_probes() + [_reference(s, r) for r, s in enumerate(steps)],
+                  TrustLimits(max_drift=0.15, max_ci_impact=1e9)) == []  # fmt: skip
+    slowing = [0.020, 0.022, 0.024, 0.026]
+    _, drift = reference_drift([_reference(s, r) for r, s in enumerate(slowing)])
+    assert drift == pytest.approx(0.30)
 
 
 def test_limits_are_checked() -> None:

@@ -29,6 +29,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 import engine_hooks
+import fingerprint_hooks
 from headway.gateway.probe import DEFAULT_PROBE_PROMPT, token_ids_fingerprint
 from headway.gateway.process import GatewayProcess
 from headway.realengine.install import VllmVenv
@@ -603,6 +604,66 @@ def test_deadline_expires_drill_against_the_replicas(
     _report(request, f"deadline-expires on vLLM: {result.status} {result.detail} {observed}")
     failed = [c for c in result.checks if not c.passed]
     assert result.status == "passed" and not failed, (result.detail, failed)
+    _idle(urls)
+
+
+def test_corrupt_fingerprint_drill_against_the_replicas(
+    replicas: tuple[VllmServer, VllmServer], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """`headway drill corrupt-fingerprint` through hooks: the seed-1 replica's revision
+    gets the seed-0 model's fingerprint (an artifact recorded on the wrong model, pushed
+    to the gateway's config and reloaded), so vLLM's real token ids no longer match: the
+    replica leaves rotation, the seed-0 one serves every call, and once the artifact is
+    restored the replica passes its probes again and rejoins. Nothing lost, no 5xx, the
+    counts balance. The drill's load with 4-token answers (sized, like queue-exhaustion's,
+    for one CPU replica to carry it alone)."""
+    from headway.drill.catalog import DRILLS
+    from headway.drill.run import run_drill
+    from headway.drill.stack import TENANTS, RemoteStack, read_hooks
+
+    drill = DRILLS["corrupt-fingerprint"]
+    # The catalog faults engine 2 of its three emulators; here the second of two.
+    faults = [msgspec.structs.replace(f, engine=1) for f in drill.faults]
+    load = msgspec.structs.replace(drill.load, max_tokens=4)
+    # The drill times the exclusion from the fault's start; through a hook the fault is
+    # in place only once the hook has run (1-3.5 s here, beside two vLLMs on two cores,
+    # where the reload itself answers in ~5 ms), so that bound is checked below from
+    # the hook's own time.
+    (exclusion,) = [e for e in drill.expect if e.figure == "excluded_within_s"]
+    expect = [e for e in drill.expect if e is not exclusion]
+    drill = msgspec.structs.replace(drill, faults=faults, load=load, expect=expect)
+    urls = _urls(replicas)
+    _idle(urls)
+    revisions = ["r0", "r1"]
+    config = _config(urls, tenants=dict(TENANTS), pool={
+        "fingerprints": {r: _fingerprint(u) for r, u in zip(revisions, urls, strict=True)},
+        "probe_max_tokens": 2, "probe_interval_s": 1.0, "probe_deadline_s": 1.0,
+        "warmup_probes": 1})  # fmt: skip
+    config["upstreams"] = [{"url": u, "revision": r} for u, r in zip(urls, revisions, strict=True)]
+    state = tmp_path / "fingerprints"
+    with GatewayProcess(config) as gw:
+        assert gw.path is not None
+        fingerprint_hooks.record(
+            state, gateway_url=gw.url, admin_token=ADMIN, config_path=gw.path, config=config,
+            revisions=revisions,
+        )  # fmt: skip
+        _all_ready(gw.url, urls)
+        hooks = read_hooks(str(fingerprint_hooks.hooks_file(state)))
+        stack = RemoteStack([gw.url], engine_urls=urls, api_keys=list(TENANTS), hooks=hooks)
+        result = asyncio.run(run_drill(drill, stack, seed=0))
+        wrong = _value(_metrics(gw.url), "headway_gateway_upstream_probes_total",
+                       f'outcome="wrong",upstream="{urls[1]}"')  # fmt: skip
+    observed = {c.figure: c.observed for c in result.checks}
+    took = {e["action"]: e["took_s"] for e in result.timeline}
+    _report(request, f"corrupt-fingerprint on vLLM: {result.status} {result.detail} "
+            f"{observed} excluded within {result.figures.get('excluded_within_s')} s, "
+            f"wrong probes {wrong}, hooks took {took}")  # fmt: skip
+    failed = [c for c in result.checks if not c.passed]
+    assert result.status == "passed" and not failed, (result.detail, failed)
+    assert result.figures["excluded_within_s"] <= took["engine_faults"] + exclusion.value
+    # The probe compared vLLM's real token ids and found them wrong, not merely that the
+    # reload put the replica back to warming.
+    assert wrong >= 1
     _idle(urls)
 
 

@@ -514,7 +514,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with engine as url:
         log("calibrate")
         # Short prompts pin the per-request cost (per_prefill_seq_s): with 128 tokens the
-        # shortest, its 95% interval moved a prediction 31-49% in four of five attempts
+        # shortest, its 95% interval moved a prediction 31-58% in five of six attempts
         # on the idle host (2026-12-07) and calibrate refused the fit; with 64 and 256
         # added, 9.6%.
         grid = ["--rounds", "2" if quick else "3", "--prefill-prompt-tokens",

@@ -323,7 +323,10 @@ def test_a_slowdown_mid_calibration_fails_naming_the_drift(
     assert "headway: error: untrustworthy fit: drift: the reference probe's decode step" in err
     assert "above --max-drift 15%" in err
     profile = read_profile(out)  # written for inspection, with the reasons
-    assert profile.fit.problems and profile.fit.drift > 0.5
+    # The drift is the trend of the reference probes (the line through them): a 2×
+    # slowdown moves it by 69-133% when every reference after it measured the slow
+    # engine, less on a loaded CI host (+30% once): past the limit either way.
+    assert profile.fit.problems and profile.fit.drift > 0.15
     # No cluster file: simulate and plan read that one (it was written all the same).
     assert not stale.exists() and f"no cluster file was written: {stale}" in err
 

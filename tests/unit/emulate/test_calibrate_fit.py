@@ -22,20 +22,32 @@ TRUTH = AffineStepTime(
 )  # fmt: skip
 
 
+def _ttft_s(t: AffineStepTime, prompt_tokens: int, budget: int = 2048) -> float:
+    """A lone prompt's TTFT under ``t``: its chunks' steps (the fit's prefill row)."""
+    chunks = math.ceil(prompt_tokens / budget)
+    p = prompt_tokens
+    return (
+        chunks * (t.overhead_s + t.per_prefill_seq_s)
+        + p * t.per_prefill_token_s
+        + p * (p + 1) / 2 * t.per_prefill_pair_s
+    )
+
+
+def _decode_step_s(t: AffineStepTime, seqs: int, kv_tokens: float) -> float:
+    """A decode-only step of ``seqs`` sequences reading ``kv_tokens`` (the fit's gap row)."""
+    return t.overhead_s + seqs * t.per_decode_seq_s + kv_tokens * t.per_decode_kv_token_s
+
+
 def _samples(stall_every: int = 0) -> Samples:
     t = TRUTH
-    ttft = []
-    for p in (256, 1024, 4096, 8192, 16384):
-        chunks = math.ceil(p / 8192)
-        prefill = p * t.per_prefill_token_s + p * (p + 1) / 2 * t.per_prefill_pair_s
-        ttft.append((p, chunks, chunks * (t.overhead_s + t.per_prefill_seq_s) + prefill))
+    ttft = [(p, math.ceil(p / 8192), _ttft_s(t, p, 8192)) for p in (256, 1024, 4096, 8192, 16384)]
     gaps = []
     n = 0
     for b in (1, 2, 4, 8, 16):
         for ctx in (128, 2048):
             for i in range(0, 64, 8):
                 kv = b * (ctx + i + 3.5)
-                step = t.overhead_s + b * t.per_decode_seq_s + kv * t.per_decode_kv_token_s
+                step = _decode_step_s(t, b, kv)
                 n += 1
                 if stall_every and n % stall_every == 0:
                     step *= 1.5  # a stalled segment, still inside its probe's band
@@ -122,16 +134,6 @@ CPU_VLLM = AffineStepTime(
 4,000-token prefill takes seconds, a 128-token one a tenth of one."""
 
 
-def _ttft_s(t: AffineStepTime, prompt_tokens: int, budget: int = 2048) -> float:
-    chunks = math.ceil(prompt_tokens / budget)
-    p = prompt_tokens
-    return (
-        chunks * (t.overhead_s + t.per_prefill_seq_s)
-        + p * t.per_prefill_token_s
-        + p * (p + 1) / 2 * t.per_prefill_pair_s
-    )
-
-
 def _noisy_cpu_samples(rng: random.Random) -> Samples:
     """CPU_VLLM's probes on a host whose speed wanders ±10% from probe to probe, with a
     few ms of lateness: each prefill length the fastest of three repeats, as calibrate
@@ -148,8 +150,7 @@ def _noisy_cpu_samples(rng: random.Random) -> Samples:
         for ctx in (128, 2048):
             for i in range(0, 48, 8):
                 kv = b * (ctx + i + 3.5)
-                step = CPU_VLLM.overhead_s + b * CPU_VLLM.per_decode_seq_s
-                step = (step + kv * CPU_VLLM.per_decode_kv_token_s) * (1 + rng.uniform(-0.05, 0.05))
+                step = _decode_step_s(CPU_VLLM, b, kv) * (1 + rng.uniform(-0.05, 0.05))
                 gaps.append((b, kv, step, 1.0 / b, step))
     return Samples(ttft=ttft, gaps=gaps)
 

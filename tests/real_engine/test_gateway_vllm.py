@@ -623,8 +623,17 @@ def test_corrupt_fingerprint_drill_against_the_replicas(
     from headway.drill.stack import TENANTS, RemoteStack, read_hooks
 
     drill = DRILLS["corrupt-fingerprint"]
-    # The catalog faults engine 2 of its three emulators; here the second of two.
-    faults = [msgspec.structs.replace(f, engine=1) for f in drill.faults]
+    # The catalog faults engine 2 of its three emulators; here the second of two. Its
+    # restore comes at 8 s, not 4.5: each hook took 1-5 s here, and the probes (1 s
+    # apart, 2 tokens from a CPU vLLM under the drill's load) need the wrong fingerprint
+    # in place for a few seconds to find it (the restore also waits for the fault's hook
+    # to finish, as in any drill).
+    faults = [
+        msgspec.structs.replace(
+            f, engine=1, at_s=8.0 if f.action == "clear_engine_faults" else f.at_s
+        )
+        for f in drill.faults
+    ]
     load = msgspec.structs.replace(drill.load, max_tokens=4)
     # The drill times the exclusion from the fault's start; through a hook the fault is
     # in place only once the hook has run (1-3.5 s here, beside two vLLMs on two cores,

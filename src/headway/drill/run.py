@@ -242,6 +242,18 @@ async def _cancel_and_time(
     }
 
 
+def _fault_subject(fault: Fault) -> tuple[str, int] | None:
+    """What a fault acts on: faults on the same subject run one after another (None: the
+    client's own action, free to overlap)."""
+    if fault.action == "cancel_in_flight":
+        return None
+    if fault.action in ("kill_redis", "start_redis"):
+        return ("redis", 0)
+    if fault.action == "reload_config":
+        return ("gateway", 0)
+    return ("engine", fault.engine)
+
+
 async def _fire(
     fault: Fault,
     stack: Stack,
@@ -249,10 +261,18 @@ async def _fire(
     load: LoadRun,
     timeline: list[dict[str, Any]],
     figures: dict[str, float],
+    *,
+    after: asyncio.Task[None] | None = None,
 ) -> None:
+    """The fault at its time, and never before the fault on the same subject before it
+    has finished: through a user's hooks an action takes seconds (a ``kubectl apply``;
+    5 s for a reload beside two CPU vLLMs on a loaded host), and a restore that ran
+    while the fault's hook was still under way would land first and be undone by it."""
     delay = load.started_s + fault.at_s - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
+    if after is not None:
+        await asyncio.wait([after])  # its failure is reported by its own task
     started = time.monotonic()
     entry: dict[str, Any] = {"at_s": round(started - load.started_s, 3), "action": fault.action}
     entry["engine"] = fault.engine
@@ -374,10 +394,14 @@ async def run_drill(
         say(f"{drill.name}: {spec.rate_per_s:g} calls/s for {spec.duration_s:g} s")
         sending = asyncio.create_task(load.run(session))
         await asyncio.sleep(0)
-        jobs = [
-            asyncio.create_task(_fire(f, stack, session, load, timeline, figures))
-            for f in drill.faults
-        ]
+        jobs: list[asyncio.Task[None]] = []
+        last: dict[tuple[str, int], asyncio.Task[None]] = {}
+        for f in sorted(drill.faults, key=lambda x: x.at_s):
+            after = last.get(key) if (key := _fault_subject(f)) else None
+            jobs.append(asyncio.create_task(
+                _fire(f, stack, session, load, timeline, figures, after=after)))  # fmt: skip
+            if key:
+                last[key] = jobs[-1]
         watch = [
             asyncio.create_task(_watch_exclusion(stack, session, f, load))
             for f in drill.faults

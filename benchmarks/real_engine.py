@@ -28,6 +28,15 @@ What it does, as a user would, through headway's own verbs (``headway.cli.main``
    ``knee_sim_search``).
 6. The step-time drift: calibrate's reference probe measured again at the end, against the
    first reference step of the calibration.
+7. The host's speed beside each run: calibrate's reference probe just before and just
+   after it (and around the real sweep). Its median over the mean of calibrate's own
+   references is ``host_speed``; the run is simulated a second time with every
+   step-time coefficient times it, and those errors are ``host_normalised`` (per
+   workload, their medians at the top; ``knee_host_normalised``;
+   ``near_knee_ttft_p99_error_host_normalised``). The headline figures stay the raw ones:
+   the normalised ones say how much of the raw error is the host's speed wandering
+   between the calibration and the run (the same reference probe measured 18.5-26.5 ms
+   within a minute on the idle VM), not the model.
 
 vLLM runs with ``OMP_NUM_THREADS=1`` unless ``--omp-threads`` says otherwise: with torch's
 default (one thread per core) on a shared two-core host, the same reference decode step
@@ -174,9 +183,30 @@ def summarize(
     out["preemptions_real"] = sum(int(p) for p in real_p if p is not None)
     out["preemptions_sim"] = sum(int(p) for p in sim_p if p is not None)
     out["step_drift"] = step_drift
+    normalised = [w["host_normalised"] for w in per_workload.values() if w.get("host_normalised")]
+    if normalised:
+        out["host_normalised"] = {
+            f"{m}_error": median_abs([w.get(f"{m}_error") for w in normalised])
+            for m in (*METRICS, "throughput")
+        }
     out.update(extra or {})
     out["per_workload"] = {name: dict(w) for name, w in per_workload.items()}
     return out
+
+
+def host_speed(reference_steps_s: Sequence[float], calibration_steps_s: Sequence[float]) -> float:
+    """How slow the host ran around a workload against the calibration: the median of the
+    reference steps measured beside it over the mean of calibrate's own references (the
+    fit stands for the host's average speed while it probed)."""
+    return statistics.median(reference_steps_s) / statistics.fmean(calibration_steps_s)
+
+
+def scaled_cluster(cluster: Mapping[str, Any], step_time: Mapping[str, float],
+                   factor: float) -> dict[str, Any]:  # fmt: skip
+    """The cluster with every step-time coefficient times ``factor``: the calibrated
+    engine on a host ``factor`` times slower (the profile inline)."""
+    return {**cluster, "step_time": "profile",
+            "profile": {k: float(v) * factor for k, v in step_time.items()}}  # fmt: skip
 
 
 # --- workloads --------------------------------------------------------------------------
@@ -298,6 +328,13 @@ def run_cli(args: Sequence[str]) -> tuple[int, str]:
     return code, buffer.getvalue()
 
 
+def errors_shown(result: Mapping[str, Any]) -> str:
+    """A result's ``*_error`` figures, rounded, as JSON (for the progress lines)."""
+    shown = {k: None if v is None else round(v, 3) for k, v in result.items()
+             if k.endswith("_error")}  # fmt: skip
+    return json.dumps(shown)
+
+
 def scrape(url: str) -> dict[str, float]:
     """vLLM's counters that the comparison needs (summed over label sets)."""
     wanted = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
@@ -335,6 +372,41 @@ class Bench:
     quick: bool
     lateness_ms: str = "2000"
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    profile: Path | None = None
+    calibration_steps_s: list[float] = field(default_factory=list)
+    """Calibrate's reference steps; when set, every workload is also simulated on the
+    host's speed measured beside it (``host_normalised``)."""
+
+    def host_references(self) -> list[float]:
+        """Calibrate's reference probe run once more (none when not normalising)."""
+        if not self.calibration_steps_s or self.profile is None:
+            return []
+        return reference_steps_s(self.url, self.profile)
+
+    def host_cluster(self, name: str, speed: float) -> Path:
+        """The calibrated cluster on a host ``speed`` times slower, as a file."""
+        assert self.profile is not None
+        cluster = yaml.safe_load(self.cluster.read_text(encoding="utf-8"))
+        step_time = json.loads(self.profile.read_text(encoding="utf-8"))["step_time"]
+        path = self.out / f"{name}.host.cluster.yaml"
+        path.write_text(yaml.safe_dump(scaled_cluster(cluster, step_time, speed),
+                                       sort_keys=False), encoding="utf-8")  # fmt: skip
+        return path
+
+    def simulate(self, name: str, source: Path, cluster: Path) -> dict[str, Any]:
+        """``simulate`` of what bench sent, with ``cluster``: the figures compared."""
+        code, stdout = run_cli(["simulate", str(source), "--cluster", str(cluster), "--json"])
+        if code != 0:
+            raise RuntimeError(f"simulate {name} exited {code}")
+        simulated = json.loads(stdout)
+        return {
+            **latency_figures(simulated["latencies"]),
+            "throughput": simulated["throughput"]["output_tokens_per_s"],
+            "preemptions": simulated["engine"]["preemptions"],
+            "prefix_hit_rate": simulated["engine"]["prefix_hit_ratio"],
+            "slo_attainment": simulated["slo"]["attainment"],
+            "calls": simulated["calls"],
+        }
 
     def workload_file(self, name: str, spec: Mapping[str, Any]) -> Path:
         path = self.out / f"{name}.yaml"
@@ -344,6 +416,7 @@ class Bench:
     def measure(self, name: str, source: Path, extra: Sequence[str] = ()) -> dict[str, Any]:
         """bench on vLLM, simulate of what it sent; the comparison."""
         run_dir = self.out / name
+        references = self.host_references()
         before = scrape(self.url)
         log(f"{name}: bench on vLLM")
         t0 = time.monotonic()
@@ -368,24 +441,23 @@ class Bench:
             "bench_exit": code,
             "lateness_p99_s": bench["pacing"]["lateness"]["p99_s"],
         }
-        code, stdout = run_cli(["simulate", str(run_dir / "sent-workload.yaml"), "--cluster",
-                                str(self.cluster), "--json"])  # fmt: skip
-        if code != 0:
-            raise RuntimeError(f"simulate {name} exited {code}")
-        simulated = json.loads(stdout)
-        sim = {
-            **latency_figures(simulated["latencies"]),
-            "throughput": simulated["throughput"]["output_tokens_per_s"],
-            "preemptions": simulated["engine"]["preemptions"],
-            "prefix_hit_rate": simulated["engine"]["prefix_hit_ratio"],
-            "slo_attainment": simulated["slo"]["attainment"],
-            "calls": simulated["calls"],
-        }
-        result = compare(real, sim)
+        references += self.host_references()
+        sent = run_dir / "sent-workload.yaml"
+        result = compare(real, self.simulate(name, sent, self.cluster))
+        log(f"{name}: {errors_shown(result)}")
+        if references:
+            # The raw errors stay the headline; this says how much of them the host's
+            # speed beside the run explains (the same model on that host's speed).
+            speed = host_speed(references, self.calibration_steps_s)
+            normalised = compare(real, self.simulate(name, sent, self.host_cluster(name, speed)))
+            result["host_speed"] = speed
+            result["reference_steps_s"] = references
+            result["host_normalised"] = {
+                **{k: v for k, v in normalised.items() if k.endswith("_error")},
+                "sim": normalised["sim"],
+            }
+            log(f"{name}: host x{speed:.3f}: {errors_shown(result['host_normalised'])}")
         self.results[name] = result
-        shown = {k: None if v is None else round(v, 3) for k, v in result.items()
-                 if k.endswith("_error")}  # fmt: skip
-        log(f"{name}: {json.dumps(shown)}")
         return result
 
 
@@ -399,14 +471,18 @@ def sim_knee(workload: Path, cluster: Path) -> float:
     return float(knee["load_factor"])
 
 
-def reference_step_s(url: str, profile: Path) -> float:
-    """Calibrate's reference probe (the drift check's decode step) measured once more."""
+def reference_steps_s(url: str, profile: Path) -> list[float]:
+    """Calibrate's reference probe (the drift check's decode step) run once more: its
+    median step at the start and at the end of a one-round plan (engine seconds, as the
+    profile's own references: an emulator's wall time times its speed-up)."""
     from headway.calibrate.fit import probe_samples
     from headway.calibrate.plan import ProbePlan
     from headway.calibrate.probe import run_probes
     from headway.calibrate.trust import reference_drift
 
-    plan_dict = json.loads(profile.read_text(encoding="utf-8"))["plan"]
+    written = json.loads(profile.read_text(encoding="utf-8"))
+    plan_dict = written["plan"]
+    time_scale = float(written["fit"].get("time_scale", 1.0))  # engine s per wall s
     fields: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in plan_dict.items()
     }
@@ -421,8 +497,8 @@ def reference_step_s(url: str, profile: Path) -> float:
         decode_prompt_tokens=(ref.prompt_tokens,),
     )
     _, results = asyncio.run(run_probes(url, plan))
-    steps, _ = reference_drift(probe_samples(results, plan, 1.0))
-    return float(statistics.median(steps))
+    steps, _ = reference_drift(probe_samples(results, plan, time_scale))
+    return [float(x) for x in steps]
 
 
 @contextlib.contextmanager
@@ -469,6 +545,9 @@ def small_pool(
         small_cluster = bench.out / "small-pool.cluster.yaml"
         small_cluster.write_text(yaml.safe_dump(small, sort_keys=False), encoding="utf-8")
         bench.url, bench.cluster = url, small_cluster
+        # Calibrate's reference probe (8 streams) would preempt in this pool: it measures
+        # nothing of the host's speed here.
+        bench.calibration_steps_s = []
         bench.measure("preempt", bench.workload_file("preempt", preempt_workload(seconds, 13)))
 
 
@@ -547,7 +626,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"calibrate exited {code} even at accepting limits")
             fit = json.loads(profile.read_text(encoding="utf-8"))["fit"]
         first_step_s = fit["reference_step_s"][0]
-        bench = Bench(url, cluster, out, quick)
+        bench = Bench(url, cluster, out, quick, profile=profile,
+                      calibration_steps_s=list(fit["reference_step_s"]))  # fmt: skip
         base = bench.workload_file("poisson-base", poisson_workload(1.0, seconds, seed=11))
         knee_sim = sim_knee(base, cluster)
         log(f"simulated knee: {knee_sim:.3g} calls/s (x{knee_sim:.3g} of 1/s)")
@@ -578,13 +658,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             knee_sim = crossing_load(sim_attainment, 0.9) or knee_sim
         else:
             log("bench --sweep on vLLM")
+            references = bench.host_references()
             code, stdout = run_cli(["bench", str(base), "--target", url, "--sweep", "--json",
                                     "--load", str(round(0.7 * knee_sim, 3)),
                                     "--lateness-budget-ms", bench.lateness_ms])  # fmt: skip
             knee_real = float(json.loads(stdout)["knee"]["load_factor"])
             extra["knee_real_method"] = "bench --sweep"
+            references += bench.host_references()
+            speed = host_speed(references, bench.calibration_steps_s)
+            knee_host = sim_knee(base, bench.host_cluster("knee", speed))
+            extra["knee_host_normalised"] = {
+                "host_speed": speed,
+                "knee_sim": knee_host,
+                "knee_error": relative_error(knee_host, knee_real),
+            }
+            log(
+                f"real knee {knee_real:.3g}; simulated on the sweep's host speed "
+                f"(x{speed:.3f}): {knee_host:.3g}"
+            )
             extra.update(near_knee_tails(bench, knee_real, seconds))
-        end_step_s = reference_step_s(url, profile)
+        end_step_s = float(statistics.median(reference_steps_s(url, profile)))
         step_drift = end_step_s / first_step_s - 1.0
         extra["reference_step_s"] = [first_step_s, end_step_s]
     if not quick and not args.target:
@@ -623,14 +716,23 @@ def near_knee_tails(bench: Bench, knee_real: float, seconds: float) -> dict[str,
         path = bench.workload_file(name, poisson_workload(share * knee_real, seconds, seed=13))
         bench.measure(name, path)
         result = bench.results.pop(name)
+        normalised = result.get("host_normalised") or {}
         runs[name] = {
             "load_calls_per_s": round(share * knee_real, 3),
             "ttft_p99_error": result.get("ttft_p99_error"),
             "ttft_p99_real": result["real"]["ttft_p99"],
             "ttft_p99_sim": result["sim"]["ttft_p99"],
+            "host_speed": result.get("host_speed"),
+            "ttft_p99_error_host_normalised": normalised.get("ttft_p99_error"),
         }
-    errors = [abs(r["ttft_p99_error"]) for r in runs.values() if r["ttft_p99_error"] is not None]
-    return {"near_knee": runs, "near_knee_ttft_p99_error": max(errors) if errors else None}
+
+    def worst(key: str) -> float | None:
+        errors = [abs(r[key]) for r in runs.values() if r[key] is not None]
+        return max(errors) if errors else None
+
+    return {"near_knee": runs, "near_knee_ttft_p99_error": worst("ttft_p99_error"),
+            "near_knee_ttft_p99_error_host_normalised":
+                worst("ttft_p99_error_host_normalised")}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -70,6 +70,38 @@ def test_the_summary_has_every_headline_field(bench: ModuleType) -> None:
     json.dumps(out)  # one JSON line
 
 
+def test_the_host_speed_scales_every_step_time_coefficient(bench: ModuleType) -> None:
+    # The reference steps beside a run against the mean of calibrate's references.
+    assert bench.host_speed([0.022, 0.030, 0.024], [0.020, 0.020]) == pytest.approx(1.2)
+    cluster = {"profile": "profile.json", "num_kv_blocks": 100}
+    step_time = {"overhead_s": 0.01, "per_prefill_token_s": 2e-4}
+    scaled = bench.scaled_cluster(cluster, step_time, 1.5)
+    assert scaled["profile"] == {"overhead_s": pytest.approx(0.015),
+                                 "per_prefill_token_s": pytest.approx(3e-4)}  # fmt: skip
+    assert scaled["step_time"] == "profile" and scaled["num_kv_blocks"] == 100
+    assert cluster["profile"] == "profile.json"  # not changed in place
+
+
+def test_the_summary_gives_host_normalised_medians_beside_the_raw_ones(
+    bench: ModuleType,
+) -> None:
+    def workload(raw: float, normalised: float | None) -> dict[str, object]:
+        w: dict[str, object] = {"ttft_p50_error": raw}
+        if normalised is not None:
+            w["host_normalised"] = {"ttft_p50_error": normalised}
+        return w
+
+    out = bench.summarize({"a": workload(0.3, -0.05), "b": workload(-0.2, 0.01),
+                           "c": workload(0.1, None)},
+                          knee_real=1.0, knee_sim=1.0, step_drift=0.0)  # fmt: skip
+    assert out["ttft_p50_error"] == pytest.approx(0.2)  # the raw headline, all three
+    assert out["host_normalised"]["ttft_p50_error"] == pytest.approx(0.03)  # a and b
+    assert out["host_normalised"]["tpot_p50_error"] is None
+    bare = bench.summarize({"c": workload(0.1, None)}, knee_real=1.0, knee_sim=1.0,
+                           step_drift=0.0)  # fmt: skip
+    assert "host_normalised" not in bare
+
+
 def test_the_workloads_compile(bench: ModuleType, tmp_path: Path) -> None:
     for spec in (bench.poisson_workload(1.0, 30, 1), bench.long_prompt_workload(0.2, 30, 1),
                  bench.preempt_workload(30, 1)):  # fmt: skip

@@ -92,6 +92,11 @@ CONTEXT_TOKENS = 4096
 STEP_BUDGET_TOKENS = 2048
 """vLLM's ``--max-num-batched-tokens`` (its chunked-prefill budget)."""
 
+HOST_PROBE_ROUNDS = 3
+"""Rounds of calibrate's reference probe before and after each run (four references
+each time): two references a side read 24.6-37.3 ms around one run, 2026-12-07, so a
+median of four gave the host's speed no better than ±10%."""
+
 SMALL_POOL_BLOCKS = 16
 """The preempting server's KV pool (blocks of 128 tokens: 2,048 tokens, one of them vLLM's
 null block). vLLM refuses to start unless one ``max_model_len`` request fits the pool."""
@@ -381,7 +386,7 @@ class Bench:
         """Calibrate's reference probe run once more (none when not normalising)."""
         if not self.calibration_steps_s or self.profile is None:
             return []
-        return reference_steps_s(self.url, self.profile)
+        return reference_steps_s(self.url, self.profile, rounds=HOST_PROBE_ROUNDS)
 
     def host_cluster(self, name: str, speed: float) -> Path:
         """The calibrated cluster on a host ``speed`` times slower, as a file."""
@@ -471,7 +476,7 @@ def sim_knee(workload: Path, cluster: Path) -> float:
     return float(knee["load_factor"])
 
 
-def reference_steps_s(url: str, profile: Path) -> list[float]:
+def reference_steps_s(url: str, profile: Path, rounds: int = 1) -> list[float]:
     """Calibrate's reference probe (the drift check's decode step) run once more: its
     median step at the start and at the end of a one-round plan (engine seconds, as the
     profile's own references: an emulator's wall time times its speed-up)."""
@@ -490,7 +495,7 @@ def reference_steps_s(url: str, profile: Path) -> list[float]:
     ref = base.reference()
     plan = replace(
         base,
-        rounds=1,
+        rounds=rounds,
         prefill_prompt_tokens=(16, 24, 32),
         prefill_output_tokens=2,
         decode_concurrency=(ref.concurrency,),

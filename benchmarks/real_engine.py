@@ -166,6 +166,15 @@ def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def error_medians(results: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """``ttft_p50_error`` … ``e2e_p99_error`` and ``throughput_error``: each one's median
+    |relative error| over ``results``."""
+    return {
+        f"{m}_error": median_abs([r.get(f"{m}_error") for r in results])
+        for m in (*METRICS, "throughput")
+    }
+
+
 def summarize(
     per_workload: Mapping[str, Mapping[str, Any]],
     *,
@@ -176,10 +185,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The JSON line: median |relative error| of each figure over the workloads, the knee
     (real vs simulated), preemption totals, the step drift, and every workload's detail."""
-    out: dict[str, Any] = {}
-    for m in METRICS:
-        out[f"{m}_error"] = median_abs([w.get(f"{m}_error") for w in per_workload.values()])
-    out["throughput_error"] = median_abs([w.get("throughput_error") for w in per_workload.values()])
+    out: dict[str, Any] = error_medians(list(per_workload.values()))
     out["knee_real"] = knee_real
     out["knee_sim"] = knee_sim
     out["knee_error"] = relative_error(knee_sim, knee_real)
@@ -190,10 +196,7 @@ def summarize(
     out["step_drift"] = step_drift
     normalised = [w["host_normalised"] for w in per_workload.values() if w.get("host_normalised")]
     if normalised:
-        out["host_normalised"] = {
-            f"{m}_error": median_abs([w.get(f"{m}_error") for w in normalised])
-            for m in (*METRICS, "throughput")
-        }
+        out["host_normalised"] = error_medians(normalised)
     out.update(extra or {})
     out["per_workload"] = {name: dict(w) for name, w in per_workload.items()}
     return out
@@ -478,8 +481,8 @@ def sim_knee(workload: Path, cluster: Path) -> float:
 
 def reference_steps_s(url: str, profile: Path, rounds: int = 1) -> list[float]:
     """Calibrate's reference probe (the drift check's decode step) run once more: its
-    median step at the start and at the end of a one-round plan (engine seconds, as the
-    profile's own references: an emulator's wall time times its speed-up)."""
+    median step at the start of each of ``rounds`` rounds and at the end (engine seconds,
+    as the profile's own references: an emulator's wall time times its speed-up)."""
     from headway.calibrate.fit import probe_samples
     from headway.calibrate.plan import ProbePlan
     from headway.calibrate.probe import run_probes

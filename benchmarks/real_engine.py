@@ -18,7 +18,10 @@ What it does, as a user would, through headway's own verbs (``headway.cli.main``
    Workloads: Poisson at 30%, 70% and 120% of the simulated knee; a bursty trace replay; a
    long-prompt mix (prompts of 2,500-3,800 tokens: two prefill chunks each); a shared-prefix
    trace (Mooncake ``hash_ids``); and, on a second vLLM whose KV pool is a few blocks
-   (``--num-gpu-blocks-override``), a load that makes it preempt.
+   (``--num-gpu-blocks-override``), a load that makes it preempt. vLLM's own TTFT is
+   split too (its histograms around each run, :func:`ttft_split`): the engine core's part,
+   which the simulator models (``engine_ttft_error``: the simulated mean TTFT against it),
+   and the API server's, which it does not (``frontend_share`` of the client's mean TTFT).
 5. The real knee: ``bench --sweep`` (full mode; then Poisson runs at 0.9 and 1.1 times
    it, kept out of the medians, give ``near_knee_ttft_p99_error``: where the tails move
    most), or in ``--quick`` mode the load where the
@@ -166,6 +169,20 @@ def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def engine_part_errors(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
+    """The simulated mean TTFT against the part of vLLM's that the model covers (the
+    engine core's queue and prefill; ``engine_ttft_error``), beside its error against the
+    client's (``ttft_mean_error``) and the share of the client's mean TTFT that vLLM
+    spent outside the engine core (``frontend_share``). Where the first is small and the
+    second is not, the engine model is right and what it lacks is the frontend."""
+    frontend, client = real.get("frontend_s"), real.get("ttft_mean")
+    return {
+        "ttft_mean_error": relative_error(sim.get("ttft_mean"), client),
+        "engine_ttft_error": relative_error(sim.get("ttft_mean"), real.get("engine_ttft_mean_s")),
+        "frontend_share": None if frontend is None or not client else frontend / client,
+    }
+
+
 def error_medians(results: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """``ttft_p50_error`` … ``e2e_p99_error`` and ``throughput_error``: each one's median
     |relative error| over ``results``."""
@@ -194,6 +211,11 @@ def summarize(
     out["preemptions_real"] = sum(int(p) for p in real_p if p is not None)
     out["preemptions_sim"] = sum(int(p) for p in sim_p if p is not None)
     out["step_drift"] = step_drift
+    for key in ("ttft_mean_error", "engine_ttft_error"):
+        out[key] = median_abs([w.get(key) for w in per_workload.values()])
+    shares = [w.get("frontend_share") for w in per_workload.values()]
+    present = [share for share in shares if share is not None]
+    out["frontend_share"] = statistics.median(present) if present else None
     normalised = [w["host_normalised"] for w in per_workload.values() if w.get("host_normalised")]
     if normalised:
         out["host_normalised"] = error_medians(normalised)
@@ -343,10 +365,40 @@ def errors_shown(result: Mapping[str, Any]) -> str:
     return json.dumps(shown)
 
 
+TTFT_PARTS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+}
+"""vLLM's histograms that split its TTFT: ``ttft`` runs on the API server's clock, from
+the request's arrival there to its first token processed there; ``queue`` (queued to
+scheduled) and ``prefill`` (scheduled to the first token) on the engine core's."""
+
+
+def ttft_split(delta: Mapping[str, float]) -> dict[str, float | None]:
+    """Per request, means over a run (``delta``: the histograms' ``_sum`` and ``_count``
+    over it): vLLM's own TTFT; the engine core's part (queue + prefill), which the
+    simulator models; and the rest, ``frontend_s`` (the API server: parsing, tokenising,
+    the hops to and from the engine core, which share this host's cores with it), which
+    it does not. None where vLLM counted no request."""
+    means: dict[str, float | None] = {}
+    for part, name in TTFT_PARTS.items():
+        count = delta.get(f"{name}_count", 0.0)
+        means[part] = delta.get(f"{name}_sum", 0.0) / count if count else None
+    ttft, queue, prefill = means["ttft"], means["queue"], means["prefill"]
+    engine = None if queue is None or prefill is None else queue + prefill
+    return {
+        "vllm_ttft_mean_s": ttft,
+        "engine_ttft_mean_s": engine,
+        "frontend_s": None if ttft is None or engine is None else ttft - engine,
+    }
+
+
 def scrape(url: str) -> dict[str, float]:
     """vLLM's counters that the comparison needs (summed over label sets)."""
+    histograms = [f"{name}_{s}" for name in TTFT_PARTS.values() for s in ("sum", "count")]
     wanted = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
-              "vllm:prefix_cache_hits_total")  # fmt: skip
+              "vllm:prefix_cache_hits_total", *histograms)  # fmt: skip
     out = dict.fromkeys(wanted, 0.0)
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -414,6 +466,7 @@ class Bench:
             "prefix_hit_rate": simulated["engine"]["prefix_hit_ratio"],
             "slo_attainment": simulated["slo"]["attainment"],
             "calls": simulated["calls"],
+            "ttft_mean": simulated["latencies"]["ttft"]["mean_s"],
         }
 
     def workload_file(self, name: str, spec: Mapping[str, Any]) -> Path:
@@ -448,10 +501,13 @@ class Bench:
             "calls": bench["outcomes"]["calls"],
             "bench_exit": code,
             "lateness_p99_s": bench["pacing"]["lateness"]["p99_s"],
+            "ttft_mean": bench["latencies"]["ttft"]["mean_s"],
+            **ttft_split(delta),
         }
         references += self.host_references()
         sent = run_dir / "sent-workload.yaml"
         result = compare(real, self.simulate(name, sent, self.cluster))
+        result.update(engine_part_errors(result["real"], result["sim"]))
         log(f"{name}: {errors_shown(result)}")
         if references:
             # The raw errors stay the headline; this says how much of them the host's

@@ -71,11 +71,21 @@ def tiny_model(vllm_venv: VllmVenv) -> Path:
     return path
 
 
+TIER_SETTINGS = VllmSettings(nice=10)
+"""The tier's engines run below the gateway and the test (see ``VllmSettings.nice``)."""
+
+
+@pytest.fixture(scope="session")
+def tier_settings() -> VllmSettings:
+    """The settings of the tier's engines (for servers a test module starts itself)."""
+    return TIER_SETTINGS
+
+
 def _start(
     venv: VllmVenv, model_dir: Path, log_path: Path, settings: VllmSettings | None = None
 ) -> VllmServer:
     """Start one vLLM server (fail under CI, skip elsewhere, when it does not start)."""
-    server = VllmServer(venv.python, model_dir, log_path, settings or VllmSettings())
+    server = VllmServer(venv.python, model_dir, log_path, settings or TIER_SETTINGS)
     try:
         server.start()
     except RuntimeError as exc:

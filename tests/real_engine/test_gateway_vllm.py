@@ -35,7 +35,7 @@ from headway.gateway.probe import DEFAULT_PROBE_PROMPT, token_ids_fingerprint
 from headway.gateway.process import GatewayProcess
 from headway.realengine.install import VllmVenv
 from headway.realengine.model import ModelSpec, build_model, default_model_dir
-from headway.realengine.server import VllmServer
+from headway.realengine.server import VllmServer, VllmSettings
 from headway.realengine.slot_release import engines_busy, release_trial, summarize
 
 MODEL = "tiny"
@@ -48,13 +48,16 @@ NO_EOS = {"ignore_eos": True}  # dummy weights may pick EOS at once
 
 @pytest.fixture(scope="module")
 def replicas(
-    request: pytest.FixtureRequest, vllm_venv: VllmVenv, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    vllm_venv: VllmVenv,
+    tier_settings: VllmSettings,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[VllmServer, VllmServer]]:
     """(the shared seed-0 server, a seed-1 server); the second starts while the first does."""
     spec = ModelSpec(seed=1)
     model = build_model(default_model_dir(spec), spec, python=vllm_venv.python)
     log = tmp_path_factory.mktemp("vllm-seed1") / "vllm.log"
-    second = VllmServer(vllm_venv.python, model, log)
+    second = VllmServer(vllm_venv.python, model, log, tier_settings)
     failed: list[RuntimeError] = []
 
     def start() -> None:

@@ -117,3 +117,32 @@ def test_the_workloads_compile(bench: ModuleType, tmp_path: Path) -> None:
     assert shared.hash_ids is not None
     firsts = {int(ids[0]) for ids in shared.hash_ids}
     assert firsts <= {0, 2, 4, 6}  # four shared system prompts
+
+
+def test_vllms_ttft_is_split_into_the_engine_cores_part_and_the_frontends(
+    bench: ModuleType,
+) -> None:
+    """Means per request from the histograms' sums and counts over a run; the simulated
+    mean TTFT is held to the engine core's part, and the frontend's share is reported."""
+    names = bench.TTFT_PARTS
+    delta = {
+        f"{names['ttft']}_sum": 10.0, f"{names['ttft']}_count": 20.0,
+        f"{names['queue']}_sum": 2.0, f"{names['queue']}_count": 20.0,
+        f"{names['prefill']}_sum": 6.0, f"{names['prefill']}_count": 20.0,
+    }  # fmt: skip
+    split = bench.ttft_split(delta)
+    assert split["vllm_ttft_mean_s"] == pytest.approx(0.5)
+    assert split["engine_ttft_mean_s"] == pytest.approx(0.4)
+    assert split["frontend_s"] == pytest.approx(0.1)
+    assert bench.ttft_split({})["frontend_s"] is None  # nothing counted: nothing claimed
+    real = {"ttft_mean": 0.52, **split}
+    errors = bench.engine_part_errors(real, {"ttft_mean": 0.42})
+    assert errors["engine_ttft_error"] == pytest.approx(0.05)
+    assert errors["ttft_mean_error"] == pytest.approx(-0.1 / 0.52)
+    assert errors["frontend_share"] == pytest.approx(0.1 / 0.52)
+    summary = bench.summarize(
+        {"a": errors, "b": {**errors, "engine_ttft_error": -0.15, "frontend_share": 0.3}},
+        knee_real=None, knee_sim=None, step_drift=None,
+    )  # fmt: skip
+    assert summary["engine_ttft_error"] == pytest.approx(0.1)
+    assert summary["frontend_share"] == pytest.approx((0.1 / 0.52 + 0.3) / 2)

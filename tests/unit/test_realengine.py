@@ -4,6 +4,7 @@ dies before it is ready raises with its log's tail."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,3 +66,18 @@ def test_the_worker_can_have_a_cpu_of_its_own(tmp_path: Path) -> None:
     if split is not None:
         assert default.command()[:3] == ["taskset", "--cpu-list", split[0]]
         assert default.environment()["VLLM_CPU_OMP_THREADS_BIND"] == split[1]
+
+
+def test_a_server_can_run_below_the_gateway_and_the_client(tmp_path: Path) -> None:
+    """``nice``: every process of the server starts at that niceness (the real tier's
+    engines at 10, so that the gateway beside them on two cores is not left waiting)."""
+    server = VllmServer(sys.executable, tmp_path, tmp_path / "log", VllmSettings(nice=10))
+    command = server.command()
+    assert command[:3] == ["nice", "-n", "10"] and command[3] == sys.executable
+    probe = [*command[:3], sys.executable, "-c", "import os; print(os.nice(0))"]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == str(
+        min(19, os.nice(0) + 10)
+    )
+    assert VllmServer(sys.executable, tmp_path, tmp_path / "log").command()[0] == sys.executable
+    with pytest.raises(ValueError, match=r"VllmSettings.nice must be 0-19 \(got -5\)"):
+        VllmSettings(nice=-5)

@@ -34,9 +34,13 @@ MAX_LAG_S = 0.03
 @pytest.mark.slow
 def test_simulate_and_emulate_plus_bench_agree() -> None:
     spec = parse_workload(WORKLOAD, "<parity>")
-    result = compare_simulate_emulate(spec, PROFILE, speedup=2)
+    # In real time: the wall clock's jitter (the bench's send lateness, about 1 ms; the
+    # emulator's delivery lag) counts × the speed-up in engine time, and at a speed-up
+    # of 2 it alone moved the TTFT median by 1.8-10.4% over six runs on the idle 2-core
+    # host (the bound below is 10%); at 1, by 0.4-3.5% over five.
+    result = compare_simulate_emulate(spec, PROFILE, speedup=1)
     if result.emulator_lag_max_s > MAX_LAG_S:  # the machine was busy: once more
-        result = compare_simulate_emulate(spec, PROFILE, speedup=2)
+        result = compare_simulate_emulate(spec, PROFILE, speedup=1)
     if result.emulator_lag_max_s > MAX_LAG_S:
         pytest.skip(
             f"the emulator fell {result.emulator_lag_max_s * 1000:.0f} ms behind real time "

@@ -210,10 +210,13 @@ async def _cancel_and_time(
     counts: tuple[float, float] = (-1.0, -1.0)
     changed_s, agreed_s = 0.0, math.inf
     while time.monotonic() - started < 5.0:
-        gw_now = await _gateway_metrics(session, stack)
+        # Both at once: one sample is one round trip, and the gateways' counts and the
+        # engines' gauges are read at about the same moment.
+        gw_now, engines_now = await asyncio.gather(
+            _gateway_metrics(session, stack), scrape_all(session, stack.engine_urls)
+        )
         seen = _delta(gw_now, gw_start, name)
         in_flight = _delta(gw_now, gw_start, name, stage="in_flight")
-        engines_now = await scrape_all(session, stack.engine_urls)
         now_s = time.monotonic() - started
         holding = _engines_hold_more(gw_now, engines_now, stack.engine_urls)
         if holding is None:

@@ -19,7 +19,7 @@ What it does, as a user would, through headway's own verbs (``headway.cli.main``
    long-prompt mix (prompts of 2,500-3,800 tokens: two prefill chunks each); a shared-prefix
    trace (Mooncake ``hash_ids``); and, on a second vLLM whose KV pool is a few blocks
    (``--num-gpu-blocks-override``), a load that makes it preempt. vLLM's own TTFT is
-   split too (its histograms around each run, :func:`ttft_split`): the engine core's part,
+   split too (its histograms around each run, :func:`ttft_figures`): the engine core's part,
    which the simulator models (``engine_ttft_error``: the simulated mean TTFT against it),
    and the API server's, which it does not (``frontend_share`` of the client's mean TTFT).
 5. The real knee: ``bench --sweep`` (full mode; then Poisson runs at 0.9 and 1.1 times
@@ -80,6 +80,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from headway.calibrate.ttft_split import SERIES, ttft_split  # noqa: E402
 from headway.cli import main as headway_main  # noqa: E402
 from headway.realengine.server import split_cpus  # noqa: E402
 
@@ -365,40 +366,24 @@ def errors_shown(result: Mapping[str, Any]) -> str:
     return json.dumps(shown)
 
 
-TTFT_PARTS = {
-    "ttft": "vllm:time_to_first_token_seconds",
-    "queue": "vllm:request_queue_time_seconds",
-    "prefill": "vllm:request_prefill_time_seconds",
-}
-"""vLLM's histograms that split its TTFT: ``ttft`` runs on the API server's clock, from
-the request's arrival there to its first token processed there; ``queue`` (queued to
-scheduled) and ``prefill`` (scheduled to the first token) on the engine core's."""
-
-
-def ttft_split(delta: Mapping[str, float]) -> dict[str, float | None]:
-    """Per request, means over a run (``delta``: the histograms' ``_sum`` and ``_count``
-    over it): vLLM's own TTFT; the engine core's part (queue + prefill), which the
-    simulator models; and the rest, ``frontend_s`` (the API server: parsing, tokenising,
-    the hops to and from the engine core, which share this host's cores with it), which
-    it does not. None where vLLM counted no request."""
-    means: dict[str, float | None] = {}
-    for part, name in TTFT_PARTS.items():
-        count = delta.get(f"{name}_count", 0.0)
-        means[part] = delta.get(f"{name}_sum", 0.0) / count if count else None
-    ttft, queue, prefill = means["ttft"], means["queue"], means["prefill"]
-    engine = None if queue is None or prefill is None else queue + prefill
+def ttft_figures(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> dict[str, float | None]:
+    """vLLM's own TTFT over a run, split (:mod:`headway.calibrate.ttft_split`): its mean,
+    the engine core's part (queue + prefill), which the simulator models, and the API
+    server's, ``frontend_s``, which it does not. None where vLLM counted no request."""
+    split = ttft_split(dict(before), dict(after))
     return {
-        "vllm_ttft_mean_s": ttft,
-        "engine_ttft_mean_s": engine,
-        "frontend_s": None if ttft is None or engine is None else ttft - engine,
+        "vllm_ttft_mean_s": None if split is None else split.vllm_ttft_mean_s,
+        "engine_ttft_mean_s": None if split is None else split.engine_ttft_mean_s,
+        "frontend_s": None if split is None else split.frontend_s,
     }
 
 
 def scrape(url: str) -> dict[str, float]:
     """vLLM's counters that the comparison needs (summed over label sets)."""
-    histograms = [f"{name}_{s}" for name in TTFT_PARTS.values() for s in ("sum", "count")]
     wanted = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
-              "vllm:prefix_cache_hits_total", *histograms)  # fmt: skip
+              "vllm:prefix_cache_hits_total", *SERIES)  # fmt: skip
     out = dict.fromkeys(wanted, 0.0)
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -502,7 +487,7 @@ class Bench:
             "bench_exit": code,
             "lateness_p99_s": bench["pacing"]["lateness"]["p99_s"],
             "ttft_mean": bench["latencies"]["ttft"]["mean_s"],
-            **ttft_split(delta),
+            **ttft_figures(before, after),
         }
         references += self.host_references()
         sent = run_dir / "sent-workload.yaml"

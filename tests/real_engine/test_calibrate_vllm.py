@@ -58,6 +58,12 @@ def test_probes_stay_inside_the_vocabulary_and_time_every_token(
             # mode): a loaded host made 20 chunks of a 21-token reference stream once.
             n = result.shape.output_tokens
             assert n - 2 <= len(stream.token_times_s) <= n
+        # vLLM's own split of its TTFT around each probe: the engine core's part (queue
+        # + prefill) and its API server's, both there, each a part of the whole.
+        split = result.ttft_split
+        assert split is not None, result.shape
+        assert 0 < split.engine_ttft_mean_s < split.vllm_ttft_mean_s, (result.shape, split)
+        assert 0 < split.frontend_s < split.vllm_ttft_mean_s, (result.shape, split)
 
 
 def test_a_second_calibration_finds_no_prompt_in_the_prefix_cache(vllm_server: VllmServer) -> None:
@@ -127,6 +133,9 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
         assert p.ci_low <= p.value <= p.ci_high, name
     step = profile.step_time
     assert step.per_prefill_seq_s >= 0.0
+    # The API server's part of a lone request's TTFT, from vLLM's own split; shown.
+    assert profile.fit.frontend_s is not None and profile.fit.frontend_s > 0
+    assert "frontend (the API server, outside the engine core" in captured.out
     if trusted:
         # A decode step of the reference's 4 sequences is the fixed cost plus a little:
         # the fitted fixed cost is most of the measured step (a CPU step: ~10 ms to

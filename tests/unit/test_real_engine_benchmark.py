@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 
+from headway.calibrate.ttft_split import SERIES, TTFT_HISTOGRAMS, histogram_totals
 from headway.core.workload.compile import compile_workload
 from headway.files.workload import parse_workload
 from headway.trace.readers import read_trace
@@ -124,17 +125,18 @@ def test_vllms_ttft_is_split_into_the_engine_cores_part_and_the_frontends(
 ) -> None:
     """Means per request from the histograms' sums and counts over a run; the simulated
     mean TTFT is held to the engine core's part, and the frontend's share is reported."""
-    names = bench.TTFT_PARTS
-    delta = {
-        f"{names['ttft']}_sum": 10.0, f"{names['ttft']}_count": 20.0,
-        f"{names['queue']}_sum": 2.0, f"{names['queue']}_count": 20.0,
-        f"{names['prefill']}_sum": 6.0, f"{names['prefill']}_count": 20.0,
+    names = TTFT_HISTOGRAMS
+    before = dict.fromkeys(SERIES, 1.0)
+    after = {
+        f"{names['ttft']}_sum": 11.0, f"{names['ttft']}_count": 21.0,
+        f"{names['queue']}_sum": 3.0, f"{names['queue']}_count": 21.0,
+        f"{names['prefill']}_sum": 7.0, f"{names['prefill']}_count": 21.0,
     }  # fmt: skip
-    split = bench.ttft_split(delta)
+    split = bench.ttft_figures(before, after)
     assert split["vllm_ttft_mean_s"] == pytest.approx(0.5)
     assert split["engine_ttft_mean_s"] == pytest.approx(0.4)
     assert split["frontend_s"] == pytest.approx(0.1)
-    assert bench.ttft_split({})["frontend_s"] is None  # nothing counted: nothing claimed
+    assert bench.ttft_figures(before, before)["frontend_s"] is None  # nothing counted
     real = {"ttft_mean": 0.52, **split}
     errors = bench.engine_part_errors(real, {"ttft_mean": 0.42})
     assert errors["engine_ttft_error"] == pytest.approx(0.05)
@@ -146,3 +148,14 @@ def test_vllms_ttft_is_split_into_the_engine_cores_part_and_the_frontends(
     )  # fmt: skip
     assert summary["engine_ttft_error"] == pytest.approx(0.1)
     assert summary["frontend_share"] == pytest.approx((0.1 / 0.52 + 0.3) / 2)
+
+
+def test_the_split_reads_vllms_exposition_and_needs_all_three_histograms() -> None:
+    """Summed over label sets; an engine without one of them (the emulator has no prefill
+    histogram) gives no split rather than a wrong one."""
+    lines = [f'{name}{{engine="{e}"}} {v}' for name in SERIES for e, v in (("0", 1.5), ("1", 2))]
+    text = "\n".join(["# HELP x", *lines, "vllm:num_requests_running 3"])
+    totals = histogram_totals(text)
+    assert totals == dict.fromkeys(SERIES, 3.5)
+    partial = "\n".join(line for line in lines if "prefill" not in line)
+    assert histogram_totals(partial) is None

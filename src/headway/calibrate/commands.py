@@ -245,6 +245,12 @@ def _print_summary(profile: Profile, out: Path, cluster_out: Path, missing: list
         f"{fit.rms_relative_error:.1%} over {fit.num_ttft_samples} prefill and "
         f"{fit.num_gap_samples} decode samples in {fit.wall_s:.1f} s"
     )
+    if fit.frontend_s is not None:
+        lines.append(
+            f"  frontend (the API server, outside the engine core; the engine's own split): "
+            f"{fit.frontend_s * 1e3:.1f} ms of a lone request's TTFT, inside "
+            f"per_prefill_seq_s ({st.per_prefill_seq_s * 1e3:.1f} ms)"
+        )
     exposed = ", ".join(f"{k} ({v})" for k, v in sorted(profile.engine_settings.sources.items()))
     written = f"wrote {cluster_out}" if not fit.problems else "engine read (no cluster file)"
     lines.append(f"{written}: engine settings {exposed or 'none exposed'}")

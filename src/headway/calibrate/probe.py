@@ -23,6 +23,7 @@ import aiohttp
 from headway.calibrate.engine_settings import read_engine_settings
 from headway.calibrate.plan import ProbePlan, ProbeShape
 from headway.calibrate.profile import EngineSettings
+from headway.calibrate.ttft_split import TtftSplit, histogram_totals, ttft_split
 from headway.core.errors import HeadwayError
 from headway.server_vocabulary import read_vocabulary
 from headway.stream_tokens import is_token_choice
@@ -58,6 +59,9 @@ class ProbeResult:
 
     shape: ProbeShape
     streams: list[StreamTiming]
+    ttft_split: TtftSplit | None = None
+    """vLLM's own split of its requests' TTFT (:mod:`headway.calibrate.ttft_split`),
+    when the engine exports it; wall seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +254,7 @@ async def run_probes(
         serial += most
         start.set()
         await asyncio.gather(*warm)
+        split_ttft = await _ttft_totals(session, target) is not None
         for n, shape in enumerate(shapes):
             if progress is not None:
                 progress(n, len(shapes), shape)
@@ -259,9 +264,24 @@ async def run_probes(
                 prompt = _prompt(rng, shape.prompt_tokens, serial, ids)
                 serial += 1
                 calls.append(_one(session, url, info.model, prompt, shape.output_tokens, start))
+            before = await _ttft_totals(session, target) if split_ttft else None
             tasks = [asyncio.ensure_future(c) for c in calls]
             await asyncio.sleep(0)  # every task is waiting on `start`
             start.set()
             streams = list(await asyncio.gather(*tasks))
-            results.append(ProbeResult(shape=shape, streams=streams))
+            after = await _ttft_totals(session, target) if before is not None else None
+            split = ttft_split(before, after) if before is not None and after else None
+            results.append(ProbeResult(shape=shape, streams=streams, ttft_split=split))
     return info, results
+
+
+async def _ttft_totals(session: aiohttp.ClientSession, target: str) -> dict[str, float] | None:
+    """The TTFT histograms' totals from the engine's ``/metrics`` (None when it has no
+    such page or not all three histograms: the split is then not reported)."""
+    try:
+        async with session.get(f"{target}/metrics") as response:
+            if response.status != 200:
+                return None
+            return histogram_totals(await response.text())
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return None

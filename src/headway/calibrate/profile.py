@@ -105,6 +105,11 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
     ``reference_step_s`` (its value at the last reference against the first)."""
     problems: list[str] = msgspec.field(default_factory=list)
     """Why the fit is not to be trusted (empty: it passed the checks)."""
+    frontend_s: float | None = None
+    """The engine's API server's part of a lone request's TTFT, outside its engine core
+    (vLLM's own split, :mod:`headway.calibrate.ttft_split`; the median over the prefill
+    probes, engine seconds). The fit measures TTFT from the client, so this time is
+    inside ``per_prefill_seq_s``. None when the engine does not export the split."""
 
 
 class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -71,6 +72,11 @@ def calibrate(
     impacts = ci_impacts(intervals, fit.leverage)
     values = {name: getattr(fit.step_time, name) for name in PARAMETERS}
     steps_s, drift = reference_drift(probes)
+    frontends = [
+        r.ttft_split.frontend_s * scale
+        for r in results
+        if r.shape.kind == "prefill" and r.ttft_split is not None
+    ]
     return Profile(
         model=info.model,
         engine=info.engine,
@@ -99,6 +105,7 @@ def calibrate(
             },
             reference_step_s=steps_s,
             drift=drift,
+            frontend_s=statistics.median(frontends) if frontends else None,
             problems=problems(
                 steps_s=steps_s,
                 drift=drift,

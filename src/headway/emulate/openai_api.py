@@ -244,7 +244,9 @@ def parse_request(
         ApiError: 400 for a malformed body or field, 404 for a model not served.
     """
     try:
-        body = json.loads(raw)
+        # Decoded strictly first: json.loads of bytes decodes with "surrogatepass", so a
+        # UTF-8-encoded lone surrogate (b"\xed\xa0\x80", not UTF-8) would pass.
+        body = json.loads(raw.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ApiError(
             400,

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fuzz_http import (
@@ -232,6 +232,9 @@ def test_numbers_of_thousands_of_digits(client: Client, kind: str, digits: int, 
     text=st.text(st.characters(codec=None, categories=["Cs", "Lu", "Nd"]), min_size=1, max_size=30),
     raw_bytes=st.binary(min_size=1, max_size=8).filter(lambda b: not is_utf8(b)),
 )
+# A lone surrogate encoded as UTF-8 is not UTF-8 (CI found the emulator serving it:
+# json.loads of bytes decodes with "surrogatepass").
+@example(kind="completion", text="0", raw_bytes=b"\xed\xa0\x80")
 def test_surrogates_and_invalid_utf8(
     client: Client, kind: str, text: str, raw_bytes: bytes
 ) -> None:

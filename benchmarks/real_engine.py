@@ -82,6 +82,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from headway.calibrate.ttft_split import SERIES, ttft_split  # noqa: E402
 from headway.cli import main as headway_main  # noqa: E402
+from headway.gateway.probe import metric_samples  # noqa: E402
 from headway.realengine.server import split_cpus  # noqa: E402
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
@@ -372,7 +373,7 @@ def ttft_figures(
     """vLLM's own TTFT over a run, split (:mod:`headway.calibrate.ttft_split`): its mean,
     the engine core's part (queue + prefill), which the simulator models, and the API
     server's, ``frontend_s``, which it does not. None where vLLM counted no request."""
-    split = ttft_split(dict(before), dict(after))
+    split = ttft_split(before, after)
     return {
         "vllm_ttft_mean_s": None if split is None else split.vllm_ttft_mean_s,
         "engine_ttft_mean_s": None if split is None else split.engine_ttft_mean_s,
@@ -387,12 +388,9 @@ def scrape(url: str) -> dict[str, float]:
     out = dict.fromkeys(wanted, 0.0)
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+    for name, _, value in metric_samples(text):
         if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
+            out[name] += value
     return out
 
 

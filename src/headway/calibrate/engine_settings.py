@@ -98,6 +98,15 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+async def metrics_text(session: aiohttp.ClientSession, target: str) -> str:
+    """The endpoint's ``/metrics`` page ("" when it has none or does not answer)."""
+    try:
+        async with session.get(f"{target}/metrics") as resp:
+            return await resp.text() if resp.status == 200 else ""
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return ""
+
+
 async def read_engine_settings(
     session: aiohttp.ClientSession, target: str, max_model_len: int | None
 ) -> EngineSettings:
@@ -110,12 +119,7 @@ async def read_engine_settings(
             values[name] = value
             sources[name] = source
 
-    try:
-        async with session.get(f"{target}/metrics") as resp:
-            text = await resp.text() if resp.status == 200 else ""
-    except (aiohttp.ClientError, UnicodeDecodeError):
-        text = ""
-    labels = cache_config_labels(text)
+    labels = cache_config_labels(await metrics_text(session, target))
     take("block_size", _int(labels.get("block_size")), "metrics")
     take("num_gpu_blocks", _int(labels.get("num_gpu_blocks")), "metrics")
     take("enable_prefix_caching", _bool(labels.get("enable_prefix_caching")), "metrics")

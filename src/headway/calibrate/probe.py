@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
-from headway.calibrate.engine_settings import read_engine_settings
+from headway.calibrate.engine_settings import metrics_text, read_engine_settings
 from headway.calibrate.plan import ProbePlan, ProbeShape
 from headway.calibrate.profile import EngineSettings
 from headway.calibrate.ttft_split import TtftSplit, histogram_totals, ttft_split
@@ -278,10 +278,4 @@ async def run_probes(
 async def _ttft_totals(session: aiohttp.ClientSession, target: str) -> dict[str, float] | None:
     """The TTFT histograms' totals from the engine's ``/metrics`` (None when it has no
     such page or not all three histograms: the split is then not reported)."""
-    try:
-        async with session.get(f"{target}/metrics") as response:
-            if response.status != 200:
-                return None
-            return histogram_totals(await response.text())
-    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
-        return None
+    return histogram_totals(await metrics_text(session, target))

@@ -16,8 +16,11 @@ much (3.3 ms of 32-37 against the real tier's vLLM), and under load how it grows
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from headway.gateway.probe import metric_samples
 
 __all__ = ["TTFT_HISTOGRAMS", "TtftSplit", "histogram_totals", "ttft_split"]
 
@@ -51,16 +54,13 @@ def histogram_totals(text: str) -> dict[str, float] | None:
     """:data:`SERIES` from Prometheus exposition ``text``, summed over label sets; None
     when the engine does not export all three histograms."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+    for name, _, value in metric_samples(text):
         if name in SERIES:
-            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            totals[name] = totals.get(name, 0.0) + value
     return totals if len(totals) == len(SERIES) else None
 
 
-def ttft_split(before: dict[str, float], after: dict[str, float]) -> TtftSplit | None:
+def ttft_split(before: Mapping[str, float], after: Mapping[str, float]) -> TtftSplit | None:
     """The means between two readings of :func:`histogram_totals`; None when one of the
     histograms counted no request in between."""
     means: dict[str, float] = {}

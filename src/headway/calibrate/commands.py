@@ -240,8 +240,13 @@ def _print_summary(profile: Profile, out: Path, cluster_out: Path, missing: list
             f"  {name}: {p.value:.4g} s, 95% interval [{p.ci_low:.4g}, {p.ci_high:.4g}], "
             f"moves a prediction by up to {p.ci_impact:.1%}"
         )
+    reruns = (
+        f" ({fit.num_reference_reruns} disturbed reference probes run again)"
+        if fit.num_reference_reruns
+        else ""
+    )
     lines.append(
-        f"  drift {fit.drift:.1%} over {fit.num_rounds} rounds; fit rms error "
+        f"  drift {fit.drift:.1%} over {fit.num_rounds} rounds{reruns}; fit rms error "
         f"{fit.rms_relative_error:.1%} over {fit.num_ttft_samples} prefill and "
         f"{fit.num_gap_samples} decode samples in {fit.wall_s:.1f} s"
     )

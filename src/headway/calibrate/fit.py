@@ -164,6 +164,14 @@ def probe_samples(
     return out
 
 
+def disturbed(result: ProbeResult, plan: ProbePlan, time_scale: float) -> bool:
+    """Whether a probe measured a disturbance rather than the engine: it gave no decode
+    step the fit would use (a stream ended early, no common window, or its steps
+    scattered or came bunched)."""
+    probes = probe_samples([result], plan, time_scale)
+    return not probes or probes[0].discarded or probes[0].typical_gap_s is None
+
+
 def pool(probes: Sequence[ProbeSamples]) -> Samples:
     """The fit's samples from a set of probes: every decode segment, and per prompt
     length the fastest TTFT."""

@@ -103,6 +103,9 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
     drift: float = 0.0
     """Relative change over the run of the least-squares line through
     ``reference_step_s`` (its value at the last reference against the first)."""
+    num_reference_reruns: int = 0
+    """Reference probes run again because the run before was disturbed (the drift check
+    needs their steps; every run is kept, a disturbed one is left out of the fit)."""
     problems: list[str] = msgspec.field(default_factory=list)
     """Why the fit is not to be trusted (empty: it passed the checks)."""
     frontend_s: float | None = None

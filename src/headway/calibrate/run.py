@@ -15,12 +15,13 @@ from headway.calibrate.engine_settings import with_flags
 from headway.calibrate.fit import (
     PARAMETERS,
     bootstrap_intervals,
+    disturbed,
     fit_step_time,
     pool,
     probe_samples,
 )
 from headway.calibrate.plan import DEFAULT_PLAN, ProbePlan, ProbeShape
-from headway.calibrate.probe import run_probes
+from headway.calibrate.probe import ProbeResult, run_probes
 from headway.calibrate.profile import FitSummary, ParameterFit, Profile
 from headway.calibrate.trust import (
     DEFAULT_LIMITS,
@@ -54,8 +55,20 @@ def calibrate(
     step budget is what it exposes, else ``max_num_batched_tokens``, else the plan's.
     """
     started = time.perf_counter()
+
+    def reference_disturbed(result: ProbeResult, endpoint_scale: float) -> bool:
+        scale = time_scale if time_scale is not None else endpoint_scale
+        return disturbed(result, plan, scale)
+
     info, results = asyncio.run(
-        run_probes(target, plan, model=model, progress=progress, for_fit=True)
+        run_probes(
+            target,
+            plan,
+            model=model,
+            progress=progress,
+            for_fit=True,
+            disturbed=reference_disturbed,
+        )
     )
     settings = with_flags(
         info.engine_settings,
@@ -105,6 +118,7 @@ def calibrate(
             },
             reference_step_s=steps_s,
             drift=drift,
+            num_reference_reruns=sum(1 for r in results if r.attempt > 0),
             frontend_s=statistics.median(frontends) if frontends else None,
             problems=problems(
                 steps_s=steps_s,

@@ -39,6 +39,24 @@ def test_relative_errors_and_medians(bench: ModuleType) -> None:
     assert bench.median_abs([None]) is None
 
 
+def test_the_step_scale_that_explains_a_tail_is_found_by_bisection(bench: ModuleType) -> None:
+    """A tail as steep as near the knee (here p99 ∝ scale⁸): the scale at which the
+    simulated p99 meets the real one, within the tolerance; None outside the bracket or
+    when a simulation gives no p99."""
+    calls: list[float] = []
+
+    def p99_at(scale: float) -> float:
+        calls.append(scale)
+        return 2.0 * scale**8
+
+    found = bench.matching_scale(p99_at, 2.0 * 1.05**8)
+    assert found == pytest.approx(1.05, abs=0.002)
+    assert len(calls) <= 2 + 10  # the bracket, then halvings down to the tolerance
+    assert bench.matching_scale(p99_at, 2.0 * 0.9**8, lo=0.92) is None  # below the bracket
+    assert bench.matching_scale(p99_at, 2.0 * 1.3**8) is None  # above it
+    assert bench.matching_scale(lambda scale: None, 1.0) is None
+
+
 def test_the_knee_is_where_attainment_crosses_the_target(bench: ModuleType) -> None:
     points = [(3.0, 0.5), (0.3, 1.0), (0.7, 0.98)]  # any order
     assert bench.crossing_load(points, 0.9) == pytest.approx(0.7 + (0.08 / 0.48) * 2.3)

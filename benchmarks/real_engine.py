@@ -181,6 +181,7 @@ def engine_part_errors(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[
     return {
         "ttft_mean_error": relative_error(sim.get("ttft_mean"), client),
         "engine_ttft_error": relative_error(sim.get("ttft_mean"), real.get("engine_ttft_mean_s")),
+        "engine_prefill_error": relative_error(sim.get("prefill_mean"), real.get("prefill_mean_s")),
         "frontend_share": None if frontend is None or not client else frontend / client,
     }
 
@@ -213,7 +214,7 @@ def summarize(
     out["preemptions_real"] = sum(int(p) for p in real_p if p is not None)
     out["preemptions_sim"] = sum(int(p) for p in sim_p if p is not None)
     out["step_drift"] = step_drift
-    for key in ("ttft_mean_error", "engine_ttft_error"):
+    for key in ("ttft_mean_error", "engine_ttft_error", "engine_prefill_error"):
         out[key] = median_abs([w.get(key) for w in per_workload.values()])
     shares = [w.get("frontend_share") for w in per_workload.values()]
     present = [share for share in shares if share is not None]
@@ -402,12 +403,14 @@ def ttft_figures(
     before: Mapping[str, float], after: Mapping[str, float]
 ) -> dict[str, float | None]:
     """vLLM's own TTFT over a run, split (:mod:`headway.calibrate.ttft_split`): its mean,
-    the engine core's part (queue + prefill), which the simulator models, and the API
-    server's, ``frontend_s``, which it does not. None where vLLM counted no request."""
+    the engine core's part (queue + prefill) and of that the prefill alone, and the rest,
+    ``frontend_s`` (the API server's work, which the simulator lacks, and the wait for the
+    engine core's step in progress, which it has). None where vLLM counted no request."""
     split = ttft_split(before, after)
     return {
         "vllm_ttft_mean_s": None if split is None else split.vllm_ttft_mean_s,
         "engine_ttft_mean_s": None if split is None else split.engine_ttft_mean_s,
+        "prefill_mean_s": None if split is None else split.prefill_mean_s,
         "frontend_s": None if split is None else split.frontend_s,
     }
 
@@ -481,6 +484,10 @@ class Bench:
             "slo_attainment": simulated["slo"]["attainment"],
             "calls": simulated["calls"],
             "ttft_mean": simulated["latencies"]["ttft"]["mean_s"],
+            # From the admission into the running set to the first token: vLLM's
+            # prefill time (scheduled to first token), like for like.
+            "prefill_mean": simulated["latencies"]["ttft"]["mean_s"]
+            - simulated["latencies"]["queue"]["mean_s"],
         }
 
     def workload_file(self, name: str, spec: Mapping[str, Any]) -> Path:

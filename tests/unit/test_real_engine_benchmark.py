@@ -154,10 +154,13 @@ def test_vllms_ttft_is_split_into_the_engine_cores_part_and_the_frontends(
     assert split["vllm_ttft_mean_s"] == pytest.approx(0.5)
     assert split["engine_ttft_mean_s"] == pytest.approx(0.4)
     assert split["frontend_s"] == pytest.approx(0.1)
+    assert split["prefill_mean_s"] == pytest.approx(0.3)  # scheduled to first token
     assert bench.ttft_figures(before, before)["frontend_s"] is None  # nothing counted
     real = {"ttft_mean": 0.52, **split}
-    errors = bench.engine_part_errors(real, {"ttft_mean": 0.42})
+    errors = bench.engine_part_errors(real, {"ttft_mean": 0.42, "prefill_mean": 0.27})
     assert errors["engine_ttft_error"] == pytest.approx(0.05)
+    # Like for like: the simulated first token less the admission, against vLLM's prefill.
+    assert errors["engine_prefill_error"] == pytest.approx(-0.1)
     assert errors["ttft_mean_error"] == pytest.approx(-0.1 / 0.52)
     assert errors["frontend_share"] == pytest.approx(0.1 / 0.52)
     summary = bench.summarize(
@@ -165,6 +168,7 @@ def test_vllms_ttft_is_split_into_the_engine_cores_part_and_the_frontends(
         knee_real=None, knee_sim=None, step_drift=None,
     )  # fmt: skip
     assert summary["engine_ttft_error"] == pytest.approx(0.1)
+    assert summary["engine_prefill_error"] == pytest.approx(0.1)
     assert summary["frontend_share"] == pytest.approx((0.1 / 0.52 + 0.3) / 2)
 
 

@@ -5,13 +5,20 @@ vLLM exports ``vllm:time_to_first_token_seconds`` on its API server's clock (fro
 request's arrival there to its first token processed there) and, on the engine core's,
 ``vllm:request_queue_time_seconds`` (queued to scheduled) and
 ``vllm:request_prefill_time_seconds`` (scheduled to the first token). Their sums and
-counts, read before and after some work, give the means per request over it. The engine
-model simulates the engine core's part; the rest (``frontend_s``: parsing, tokenising,
-the hops to and from the engine core, detokenising) is the API server's, which does not
-occupy the engine. ``headway calibrate`` measures a lone request's TTFT from the client,
-so the frontend's time lands in the engine's per-request step cost; the split says how
-much (3.3 ms of 32-37 against the real tier's vLLM), and under load how it grows
-(``benchmarks/real_engine.py``; docs/real-engine.md, run 3).
+counts, read before and after some work, give the means per request over it.
+
+The rest, ``frontend_s``, is not all the API server's: vLLM records a request as queued
+when the engine core's busy loop adds it to the scheduler, between two steps
+(``Scheduler.add_request``, ``vllm/v1/core/sched/scheduler.py``), so a request that
+reaches the engine core while a step runs waits out that step outside the queue time. The
+engine model does simulate that wait (a request joins at the next step); it does not
+simulate the API server's own work (parsing, tokenising, the hops to and from the engine
+core, detokenising), which does not occupy the engine. The part of the engine core's time
+that excludes every wait is the prefill time (scheduled to first token,
+``prefill_mean_s``): that one the simulated first token less the admission compares with
+like for like. ``headway calibrate`` measures a lone request's TTFT from the client, so
+the API server's time lands in the engine's per-request step cost; on an idle engine the
+split says how much (3.3 ms of 32-37 against the real tier's vLLM).
 """
 
 from __future__ import annotations
@@ -43,10 +50,12 @@ class TtftSplit:
     """vLLM's own TTFT (its API server's clock)."""
     engine_ttft_mean_s: float
     """The engine core's part: queue + prefill."""
+    prefill_mean_s: float = 0.0
+    """Of that, the prefill: scheduled to the first token (no wait of any kind)."""
 
     @property
     def frontend_s(self) -> float:
-        """The rest: the API server's part."""
+        """The rest: the API server's part and the wait for the step in progress."""
         return self.vllm_ttft_mean_s - self.engine_ttft_mean_s
 
 
@@ -69,4 +78,4 @@ def ttft_split(before: Mapping[str, float], after: Mapping[str, float]) -> TtftS
         if count <= 0:
             return None
         means[part] = (after[f"{name}_sum"] - before[f"{name}_sum"]) / count
-    return TtftSplit(means["ttft"], means["queue"] + means["prefill"])
+    return TtftSplit(means["ttft"], means["queue"] + means["prefill"], means["prefill"])

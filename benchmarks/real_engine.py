@@ -19,9 +19,13 @@ What it does, as a user would, through headway's own verbs (``headway.cli.main``
    long-prompt mix (prompts of 2,500-3,800 tokens: two prefill chunks each); a shared-prefix
    trace (Mooncake ``hash_ids``); and, on a second vLLM whose KV pool is a few blocks
    (``--num-gpu-blocks-override``), a load that makes it preempt. vLLM's own TTFT is
-   split too (its histograms around each run, :func:`ttft_figures`): the engine core's part,
-   which the simulator models (``engine_ttft_error``: the simulated mean TTFT against it),
-   and the API server's, which it does not (``frontend_share`` of the client's mean TTFT).
+   split too (its histograms around each run, :func:`ttft_figures`): the engine core's
+   prefill (scheduled to first token), held to the simulated first token less the
+   admission (``engine_prefill_error``, like for like); the engine core's queue + prefill
+   (``engine_ttft_error``, against the simulated mean TTFT); and the rest
+   (``frontend_share`` of the client's mean TTFT): the API server's work, which the
+   simulator lacks, and the wait for the step in progress, which it has, so the last two
+   are upper bounds on what the model misses.
 5. The real knee: ``bench --sweep`` (full mode; then Poisson runs at 0.9 and 1.1 times
    it, kept out of the medians, give ``near_knee_ttft_p99_error``: where the tails move
    most), or in ``--quick`` mode the load where the
@@ -172,11 +176,13 @@ def compare(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def engine_part_errors(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, Any]:
-    """The simulated mean TTFT against the part of vLLM's that the model covers (the
-    engine core's queue and prefill; ``engine_ttft_error``), beside its error against the
-    client's (``ttft_mean_error``) and the share of the client's mean TTFT that vLLM
-    spent outside the engine core (``frontend_share``). Where the first is small and the
-    second is not, the engine model is right and what it lacks is the frontend."""
+    """The simulated prefill (first token less admission) against vLLM's scheduled-to-
+    first-token (``engine_prefill_error``: like for like); the simulated mean TTFT against
+    the engine core's queue + prefill (``engine_ttft_error``) and against the client's
+    (``ttft_mean_error``); and the share of the client's mean TTFT that vLLM counts
+    outside the engine core (``frontend_share``). The last two include the wait for the
+    engine core's step in progress (vLLM queues a request only between steps), which the
+    simulator does model: upper bounds on what it lacks."""
     frontend, client = real.get("frontend_s"), real.get("ttft_mean")
     return {
         "ttft_mean_error": relative_error(sim.get("ttft_mean"), client),
@@ -248,7 +254,7 @@ def matching_scale(
     Near the knee a small error in capacity moves the tails by a lot (seed 002); this
     turns a tail error into the step-time error that would explain all of it, which can
     be set against how far the host's speed wanders (near-knee-90 of 2026-12-07: the
-    simulated p99 was +71%, 12% a 1% of step time, and the calibrated steps times 0.942
+    simulated p99 was +71%, 12% per 1% of step time, and the calibrated steps times 0.942
     met it: 3.0% faster than the host speed measured beside the run)."""
     low, high = p99_at(lo), p99_at(hi)
     if low is None or high is None or not low <= target_s <= high:

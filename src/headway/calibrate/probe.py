@@ -283,8 +283,9 @@ async def run_probes(
                     for i in range(shape.concurrency)
                 ]
                 serial += shape.concurrency
-                result = await _probe(session, target, info.model, shape, prompts, split_ttft)
-                result.attempt = attempt
+                result = await _probe(
+                    session, target, info.model, shape, prompts, split_ttft, attempt
+                )
                 results.append(result)
                 if attempt == reruns or disturbed is None or not disturbed(result, info.time_scale):
                     break
@@ -302,9 +303,10 @@ async def _probe(
     shape: ProbeShape,
     prompts: list[list[int]],
     split_ttft: bool,
+    attempt: int,
 ) -> ProbeResult:
-    """Send ``prompts`` at once (one request each) and time them; with ``split_ttft``,
-    read the engine's TTFT histograms before and after."""
+    """Send ``prompts`` at once (one request each) and time them, as run ``attempt`` of
+    ``shape``; with ``split_ttft``, read the engine's TTFT histograms before and after."""
     url = f"{target}/v1/completions"
     start = asyncio.Event()
     calls = [_one(session, url, model, prompt, shape.output_tokens, start) for prompt in prompts]
@@ -315,7 +317,7 @@ async def _probe(
     streams = list(await asyncio.gather(*tasks))
     after = await _ttft_totals(session, target) if before is not None else None
     split = ttft_split(before, after) if before is not None and after else None
-    return ProbeResult(shape=shape, streams=streams, ttft_split=split)
+    return ProbeResult(shape=shape, streams=streams, ttft_split=split, attempt=attempt)
 
 
 async def _ttft_totals(session: aiohttp.ClientSession, target: str) -> dict[str, float] | None:

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from headway.calibrate.plan import ProbePlan
+from headway.calibrate.plan import DEFAULT_PLAN, ProbePlan
 from headway.calibrate.probe import REFERENCE_RERUNS, ProbeResult, run_probes
 from headway.calibrate.profile import PROFILE_FORMAT, read_profile
 from headway.cli import main
+from headway.core.engine.steptime import AffineStepTime, BatchShape
 from headway.emulate.parity import emulator_lag_max_s
 from headway.emulate.process import EmulatorProcess
 from headway.loopback import free_port
@@ -36,8 +37,10 @@ TRUTH = {
     "per_decode_seq_s": 0.00025,
     "per_decode_kv_token_s": 3e-07,
     "per_prefill_seq_s": 0.01,
+    "shared_kv_read_ratio": 0.13,
 }
-"""A Llama-3-8B-like H100 profile: every term matters somewhere in the probe plan."""
+"""A Llama-3-8B-like H100 profile: every term matters somewhere in the probe plan (a
+shared read at the CPU vLLM's ratio to a plain one, ~0.13)."""
 
 HTTP_OVERHEAD_S = 0.02
 """Engine seconds a request's HTTP round trip may add to ``per_prefill_seq_s`` (the
@@ -71,8 +74,10 @@ def _calibrate(truth_file: Path, out: Path) -> tuple[int, float, dict[str, objec
     slower steps) and the scheduler settings it reports, after the exit code."""
     engine = out.parent / "engine.yaml"
     engine.write_text(yaml.safe_dump({"engine": {"block_size": 32, "max_num_seqs": 64}}), "utf-8")
+    # --prefix-caching: prompts with one prefix share its blocks, as on vLLM (the shared
+    # probe's).
     with EmulatorProcess(["--profile", str(truth_file), "--speedup", "4",
-                          "--max-model-len", "40000",
+                          "--max-model-len", "40000", "--prefix-caching",
                           "--cluster", str(engine), "--num-kv-blocks", "3000"]) as emu:  # fmt: skip
         code = main(["calibrate", "--target", emu.url, "--out", str(out), "--json"])
         lag_s = emulator_lag_max_s(emu.url)
@@ -98,7 +103,8 @@ def test_calibration_recovers_the_emulator_parameters(
     assert printed["step_time"] == json.loads(out.read_text())["step_time"]
     assert profile.model == "llama-3-8b" and profile.engine.startswith("headway-emulate")
     assert profile.fit.time_scale == 4 and profile.created_utc.endswith("Z")
-    engine = {name: value for name, value in TRUTH.items() if name != "per_prefill_seq_s"}
+    apart = ("per_prefill_seq_s", "shared_kv_read_ratio")
+    engine = {name: value for name, value in TRUTH.items() if name not in apart}
     errors = {
         name: abs(getattr(profile.step_time, name) - value) / value
         for name, value in engine.items()
@@ -110,6 +116,20 @@ def test_calibration_recovers_the_emulator_parameters(
     per_request_s = profile.step_time.per_prefill_seq_s
     assert 0.85 * TRUTH["per_prefill_seq_s"] <= per_request_s
     assert per_request_s <= TRUTH["per_prefill_seq_s"] + HTTP_OVERHEAD_S
+    # The shared probe's 8 sequences read their common 1,024-token prefix: 0.29 ms of a
+    # ~8 ms step at the truth (2.2 ms at the plain cost), so the step it predicts, not
+    # the ratio alone, is held to the engine's.
+    probe = DEFAULT_PLAN.shared_shape(40000)
+    assert probe is not None
+    batch = BatchShape(
+        num_decode_seqs=probe.concurrency,
+        decode_kv_tokens=probe.concurrency * probe.prompt_tokens,
+        decode_shared_kv_tokens=probe.shared_kv_tokens,
+    )
+    true_step_s = AffineStepTime(**TRUTH).step_time_s(batch)
+    fitted_step_s = profile.step_time.step_time_s(batch)
+    assert profile.step_time.shared_kv_read_ratio < 0.5
+    assert abs(fitted_step_s / true_step_s - 1) <= 0.05, (fitted_step_s, true_step_s)
     # Every coefficient has an interval around its value; the checks passed.
     assert profile.fit.problems == [] and profile.fit.num_rounds == 3
     for name, p in profile.fit.parameters.items():
@@ -343,7 +363,7 @@ def test_a_disturbed_reference_probe_runs_again() -> None:
     and the check, with only the slow ones, passed a drifting run.)"""
     plan = ProbePlan(prefill_prompt_tokens=(32, 64, 96), prefill_output_tokens=3, rounds=1,
                      decode_concurrency=(2,), decode_prompt_tokens=(32,),
-                     decode_output_tokens=12)  # fmt: skip
+                     decode_output_tokens=12, shared_prefix_tokens=0)  # fmt: skip
     judged: list[ProbeResult] = []
     scales: set[float] = set()
 

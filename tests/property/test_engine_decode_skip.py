@@ -28,6 +28,7 @@ STEP_TIME = AffineStepTime(
     per_prefill_pair_s=1e-9,
     per_decode_seq_s=0.00007,
     per_decode_kv_token_s=3e-7,
+    shared_kv_read_ratio=0.13,  # runs over shared prefixes keep their shared reads
 )
 
 

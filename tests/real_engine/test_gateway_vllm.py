@@ -712,8 +712,8 @@ def test_kill_decode_drill_against_the_replicas(
     # host, against ~40 s on a quiet one) took half of the survivor's cores while that
     # survivor held all the calls: its TTFT p99 reached 26 s and 2 of 52 calls passed
     # their 30 s (ok_fraction 0.885 < 0.9; CI at 22c9fef).
-    restart = VllmServer(victim.python, victim.model_dir, victim.log_path,
-                         dataclasses.replace(victim.settings, nice=19), port=victim.port)  # fmt: skip
+    slower = dataclasses.replace(victim.settings, nice=19)
+    restart = VllmServer(victim.python, victim.model_dir, victim.log_path, slower, port=victim.port)
     engine_hooks.record(state, 1, command=restart.command(), env=victim.environment(),
                         log_path=victim.log_path, url=victim.url, pid=victim.pid)  # fmt: skip
     # tpot_s: a step is 10-50 ms at a few streams with passive OpenMP threads (the

@@ -61,6 +61,26 @@ def test_shared_block_is_free_only_after_last_reference() -> None:
     pool.check_invariants()
 
 
+def test_shared_refs_count_every_holder_of_a_block_but_the_first() -> None:
+    pool = BlockPool(4, 16)
+    blocks = pool.allocate(2) or []
+    for b, h in zip(blocks, (1, 2), strict=True):
+        pool.cache_block(b, h)
+    assert pool.num_shared_refs == 0
+    pool.touch(blocks)  # a second request hits both
+    pool.touch(blocks[:1])  # a third hits the first
+    assert pool.num_shared_refs == 3
+    pool.check_invariants()
+    pool.free(blocks, distinct=True)  # the first request finishes
+    assert pool.num_shared_refs == 1
+    pool.free(blocks[:1])
+    pool.free(blocks)
+    assert (pool.num_shared_refs, pool.num_free) == (0, 4)
+    pool.touch(blocks)  # hits on free cached blocks: one holder each
+    assert pool.num_shared_refs == 0
+    pool.check_invariants()
+
+
 def test_least_recently_freed_cached_block_is_evicted_first() -> None:
     pool = BlockPool(3, 16)
     a, b, c = pool.allocate(3) or []

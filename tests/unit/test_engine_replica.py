@@ -180,6 +180,50 @@ def test_decode_steps_starting_before_an_arrival() -> None:
     assert replica.decode_steps_starting_before(end, 1e9, max_steps=3) == 3
 
 
+def test_sequences_on_one_cached_prefix_read_it_at_the_shared_cost() -> None:
+    """Four requests on one cached 48-token prefix decode together: the step counts the
+    three later holders' 48 tokens each as shared, the calibrated cost of a shared read
+    applies to them, and a closed-form run of such steps takes what stepping does."""
+    shared = AffineStepTime(overhead_s=0.01, per_decode_seq_s=0.002,
+                            per_decode_kv_token_s=0.0001,
+                            shared_kv_read_ratio=0.1)  # fmt: skip
+    replicas = [ReplicaModel(SchedulerConfig(enable_prefix_caching=True), 64, shared)
+                for _ in range(2)]  # fmt: skip
+    prefix = [21, 22, 23]  # 3 blocks of 16
+    for replica in replicas:
+        now = _serve(replica, "warm", [*prefix, 24], 0.0)
+        for n in range(4):
+            replica.add_request(EngineRequest(f"r{n}", num_prompt_tokens=64,
+                                              max_output_tokens=12,
+                                              block_hashes=[*prefix, 100 + n]), now)  # fmt: skip
+        while not replica.scheduler.running or any(
+            not r.is_decoding for r in replica.scheduler.running
+        ):
+            now = replica.step(now).end_s
+    stepped, skipped = replicas
+    first = stepped.step(now)
+    batch = first.batch
+    assert (batch.num_decode_seqs, batch.decode_shared_kv_tokens) == (4, 3 * 48)
+    assert first.duration_s == pytest.approx(
+        0.01 + 4 * 0.002 + 0.0001 * (batch.decode_kv_tokens - 144) + 0.00001 * 144
+    )
+    n = skipped.max_identical_decode_steps()
+    assert n >= 3
+    end = skipped.advance_decode_steps(now, n).end_s
+    t = first.end_s
+    for _ in range(n - 1):
+        t = stepped.step(t).end_s
+    assert end == pytest.approx(t, rel=1e-12)
+
+
+def test_without_a_shared_cost_shared_reads_cost_what_others_do() -> None:
+    batch = BatchShape(num_decode_seqs=4, decode_kv_tokens=400, decode_shared_kv_tokens=144)
+    plain = BatchShape(num_decode_seqs=4, decode_kv_tokens=400)
+    assert STEP_TIME.step_time_s(batch) == STEP_TIME.step_time_s(plain)
+    with pytest.raises(ValueError, match="shared_kv_read_ratio"):
+        AffineStepTime(shared_kv_read_ratio=-0.1)
+
+
 def _serve(replica: ReplicaModel, rid: str, hashes: list[int], now: float) -> float:
     replica.add_request(
         EngineRequest(rid, num_prompt_tokens=64, max_output_tokens=2, block_hashes=hashes), now

@@ -219,7 +219,8 @@ def test_step_time_models_and_clusters_survive_pickle() -> None:
     from headway.sim.cluster import ClusterSpec, step_time_model
     from headway.sim.run import load_efficiency_table
 
-    profile = AffineStepTime(overhead_s=0.01, per_decode_seq_s=0.002)
+    profile = AffineStepTime(overhead_s=0.01, per_decode_seq_s=0.002,
+                             shared_kv_read_ratio=0.1)  # fmt: skip
     cluster = ClusterSpec(model="llama-3-8b", gpu="h100", step_time="profile", profile=profile)
     assert pickle.loads(pickle.dumps(cluster)) == cluster
     roofline = step_time_model(ClusterSpec(model="llama-3-8b", gpu="h100"), load_efficiency_table())

@@ -3,11 +3,11 @@
 ``headway calibrate --target URL --out profile.json [--cluster-out cluster.yaml]
 [--model NAME] [--time-scale F] [--hardware TEXT] [--rounds N]
 [--prefill-prompt-tokens 256,1024,...] [--decode-concurrency 2,4,...]
-[--decode-prompt-tokens 128,2048] [--max-num-seqs N] [--max-num-batched-tokens N]
-[--max-drift F] [--max-ci-impact F] [--json]`` probes the endpoint and writes the fitted
-profile and a cluster file of the engine's settings (``docs/calibrate.md``). It exits 1,
-naming what failed, when the fit cannot be trusted (drift, a confidence interval too
-wide). A bad ``--target``, a server that is not up or an ``--out`` that cannot be
+[--decode-prompt-tokens 128,2048] [--shared-prefix-tokens N] [--max-num-seqs N]
+[--max-num-batched-tokens N] [--max-drift F] [--max-ci-impact F] [--json]`` probes the
+endpoint and writes the fitted profile and a cluster file of the engine's settings
+(``docs/calibrate.md``). It exits 1, naming what failed, when the fit cannot be trusted
+(drift, a confidence interval too wide). A bad ``--target``, a server that is not up or an ``--out`` that cannot be
 written is one line and exit code 2, before any probe runs.
 """
 
@@ -69,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--decode-prompt-tokens", default=_csv(d.decode_prompt_tokens),
                    help="context lengths of the decode probes")  # fmt: skip
     p.add_argument("--decode-output-tokens", type=int, default=d.decode_output_tokens)
+    p.add_argument("--shared-prefix-tokens", type=int, default=d.shared_prefix_tokens,
+                   help="prefix the shared probe's requests have in common, a multiple of "
+                   "256 (default 1024; 0: no shared probe, a read of a block that other "
+                   "sequences also read costs what any read does)")  # fmt: skip
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the engine's step token budget (read from the engine where "
                    "it exposes it, which vLLM does only in its dev mode; this flag wins; "
@@ -123,6 +127,7 @@ def plan_from_args(args: argparse.Namespace) -> ProbePlan:
             decode_concurrency=_ints("--decode-concurrency", args.decode_concurrency),
             decode_prompt_tokens=_ints("--decode-prompt-tokens", args.decode_prompt_tokens),
             decode_output_tokens=args.decode_output_tokens,
+            shared_prefix_tokens=args.shared_prefix_tokens,
             max_num_batched_tokens=args.max_num_batched_tokens or d.max_num_batched_tokens,
         )
     except ValueError as error:
@@ -233,7 +238,12 @@ def _print_summary(profile: Profile, out: Path, cluster_out: Path, missing: list
         f"µs/token + {st.per_prefill_pair_s * 1e12:.3f} ps/pair + "
         f"{st.per_prefill_seq_s * 1e3:.3f} ms/request, decode "
         f"{st.per_decode_seq_s * 1e6:.2f} µs/seq + "
-        f"{st.per_decode_kv_token_s * 1e9:.3f} ns/KV token",
+        f"{st.per_decode_kv_token_s * 1e9:.3f} ns/KV token"
+        + (
+            f" (× {st.shared_kv_read_ratio:.3g} read again, shared)"
+            if st.shared_kv_read_ratio != 1.0
+            else ""
+        ),
     ]
     for name, p in fit.parameters.items():
         lines.append(

@@ -1,8 +1,10 @@
 """Fit the affine step-time model to probe timings.
 
 Unknowns (seconds per unit): ``overhead``, ``per_prefill_token``, ``per_prefill_pair``,
-``per_decode_seq``, ``per_decode_kv_token`` and ``per_prefill_seq`` (an
-:class:`~headway.core.engine.steptime.AffineStepTime`). Samples:
+``per_decode_seq``, ``per_decode_kv_token``, ``per_prefill_seq`` and, when a shared probe
+ran, ``per_decode_shared_kv_token`` (an
+:class:`~headway.core.engine.steptime.AffineStepTime`; the last as its
+``shared_kv_read_ratio``, its ratio to ``per_decode_kv_token``). Samples:
 
 - a prefill probe's TTFT (the fastest of its repeats; prompt ``P``, alone on the engine,
   in ``n = ceil(P / budget)`` chunks):
@@ -11,7 +13,8 @@ Unknowns (seconds per unit): ``overhead``, ``per_prefill_token``, ``per_prefill_
 - a decode segment (``k`` steps of ``B`` sequences, all decoding): the mean gap
   ``(t_end − t_start)/k`` is ``overhead + B·per_decode_seq + KV·per_decode_kv_token``,
   where ``KV`` is the mean over the segment of ``Σ context`` (``P + i`` for the step after
-  token ``i``, per sequence).
+  token ``i``, per sequence); a shared probe's ``S`` shared tokens (its prefix times
+  ``B − 1``) cost ``per_decode_shared_kv_token`` each in place of ``per_decode_kv_token``.
 
 The fit is non-negative least squares on relative errors (each decode row divided by
 its probe's typical step time, a prefill row by the larger of the median TTFT and its
@@ -45,6 +48,7 @@ __all__ = [
     "bootstrap_intervals",
     "collect_samples",
     "fit_step_time",
+    "fitted_parameters",
     "pool",
     "probe_samples",
 ]
@@ -56,8 +60,10 @@ PARAMETERS = (
     "per_decode_seq_s",
     "per_decode_kv_token_s",
     "per_prefill_seq_s",
+    "per_decode_shared_kv_token_s",
 )
-"""The fitted coefficients, in the order of the regression's columns."""
+"""The fitted coefficients, in the order of the regression's columns; the last only when
+a shared probe gave samples (:func:`fitted_parameters`)."""
 
 
 @dataclass(slots=True)
@@ -66,9 +72,10 @@ class Samples:
 
     ttft: list[tuple[int, int, float]]
     """``(prompt tokens, prefill chunks, TTFT)`` of prefill probes."""
-    gaps: list[tuple[int, float, float, float, float]]
-    """``(sequences, mean KV tokens, mean step time, weight, typical step time)`` of
-    decode segments; the typical time is the probe's median, the scale of its errors."""
+    gaps: list[tuple[int, float, float, float, float, int]]
+    """``(sequences, mean KV tokens, mean step time, weight, typical step time, shared KV
+    tokens)`` of decode segments; the typical time is the probe's median, the scale of
+    its errors; the shared tokens are :attr:`ProbeShape.shared_kv_tokens`."""
     num_discarded_probes: int = 0
     """Decode probes left out because their step times scattered (a disturbed run)."""
 
@@ -80,7 +87,7 @@ class ProbeSamples:
     shape: ProbeShape
     ttft: tuple[int, int, float] | None = None
     """``(prompt tokens, prefill chunks, TTFT)`` of a prefill probe."""
-    gaps: list[tuple[int, float, float, float, float]] = field(default_factory=list)
+    gaps: list[tuple[int, float, float, float, float, int]] = field(default_factory=list)
     """Its decode segments, as in :attr:`Samples.gaps`."""
     typical_gap_s: float | None = None
     """The median of its decode segments (None: it had none)."""
@@ -93,6 +100,8 @@ class FitOutcome:
     """The fitted model and how well it explains the samples."""
 
     step_time: AffineStepTime
+    coefficients: dict[str, float]
+    """Each fitted coefficient (:func:`fitted_parameters`) in seconds per unit."""
     rms_relative_error: float
     max_relative_error: float
     leverage: dict[str, float]
@@ -156,8 +165,9 @@ def probe_samples(
         if bunched or np.median(np.abs(values - typical)) > _PROBE_SCATTER * typical:
             probe.discarded = True
             continue
+        shared = shape.shared_kv_tokens
         probe.gaps = [
-            (batch, kv, g, 1.0 / batch, typical)
+            (batch, kv, g, 1.0 / batch, typical, shared)
             for kv, g in rows
             if _PROBE_BAND[0] * typical <= g <= _PROBE_BAND[1] * typical
         ]
@@ -176,7 +186,7 @@ def pool(probes: Sequence[ProbeSamples]) -> Samples:
     """The fit's samples from a set of probes: every decode segment, and per prompt
     length the fastest TTFT."""
     ttft_by_prompt: dict[tuple[int, int], list[float]] = {}
-    gaps: list[tuple[int, float, float, float, float]] = []
+    gaps: list[tuple[int, float, float, float, float, int]] = []
     for probe in probes:
         if probe.ttft is not None:
             p, chunks, seconds = probe.ttft
@@ -250,12 +260,13 @@ def _fit(samples: Samples) -> tuple[FitOutcome, np.ndarray[Any, np.dtype[np.floa
     # 0-99 ms over the bootstrap and calibrate refused the fit).
     ttft_scale = float(np.median([t for _, _, t in samples.ttft])) if samples.ttft else 1.0
     for p, chunks, t in samples.ttft:
-        rows.append([chunks, p, p * (p + 1) / 2, 0.0, 0.0, chunks])
+        rows.append([chunks, p, p * (p + 1) / 2, 0.0, 0.0, chunks, 0.0])
         ys.append(t)
         weights.append(1.0)
         refs.append(max(ttft_scale, t))
-    for b, kv, t, w, typical in samples.gaps:
-        rows.append([1.0, 0.0, 0.0, b, kv, 0.0])
+    # A shared read has a column of its own: the KV column counts the other reads.
+    for b, kv, t, w, typical, shared in samples.gaps:
+        rows.append([1.0, 0.0, 0.0, b, kv - shared, 0.0, shared])
         ys.append(t)
         weights.append(w)
         refs.append(typical)
@@ -284,17 +295,37 @@ def _fit(samples: Samples) -> tuple[FitOutcome, np.ndarray[Any, np.dtype[np.floa
             break
         keep &= ~outliers
     rel = rel[keep]
+    names = fitted_parameters(samples)
+    values = {name: float(value) for name, value in zip(PARAMETERS, theta, strict=True)}
+    fields = {name: values[name] for name in PARAMETERS[:-1]}
+    shared_s, per_kv_s = values[PARAMETERS[-1]], values["per_decode_kv_token_s"]
     step = AffineStepTime(
-        **{name: float(value) for name, value in zip(PARAMETERS, theta, strict=True)}
+        **fields,
+        shared_kv_read_ratio=shared_s / per_kv_s
+        if PARAMETERS[-1] in names and per_kv_s > 0
+        else 1.0,
     )
     leverage = np.max(a[keep] / y[keep][:, None], axis=0)
     outcome = FitOutcome(
         step_time=step,
+        coefficients={name: values[name] for name in names},
         rms_relative_error=float(np.sqrt(np.mean(rel**2))),
         max_relative_error=float(np.max(np.abs(rel))),
-        leverage={name: float(v) for name, v in zip(PARAMETERS, leverage, strict=True)},
+        leverage={
+            name: float(v) for name, v in zip(PARAMETERS, leverage, strict=True) if name in names
+        },
     )
     return outcome, theta
+
+
+def fitted_parameters(samples: Samples) -> tuple[str, ...]:
+    """The coefficients the samples determine: all of :data:`PARAMETERS`, or all but
+    ``per_decode_shared_kv_token_s`` when no decode segment read shared KV tokens (no
+    shared probe, or an engine without prefix caching: the profile's
+    ``shared_kv_read_ratio`` stays 1, a shared read costs what another does)."""
+    if any(g[5] > 0 for g in samples.gaps):
+        return PARAMETERS
+    return PARAMETERS[:-1]
 
 
 def bootstrap_intervals(
@@ -318,10 +349,14 @@ def bootstrap_intervals(
         by_shape.setdefault(probe.shape.key, []).append(probe)
     groups = list(by_shape.values())
     thetas: list[np.ndarray[Any, np.dtype[np.float64]]] = []
+    names = fitted_parameters(pool(probes))
     for _ in range(resamples):
         drawn = [g[int(i)] for g in groups for i in rng.integers(0, len(g), size=len(g))]
         try:
-            _, theta = _fit(pool(drawn))
+            resample = pool(drawn)
+            if fitted_parameters(resample) != names:  # every shared probe unusable
+                continue
+            _, theta = _fit(resample)
         except ValueError:
             continue
         thetas.append(theta)
@@ -331,5 +366,7 @@ def bootstrap_intervals(
     lows = np.percentile(np.asarray(thetas), tail, axis=0)
     highs = np.percentile(np.asarray(thetas), 100 - tail, axis=0)
     return {
-        name: (float(lo), float(hi)) for name, lo, hi in zip(PARAMETERS, lows, highs, strict=True)
+        name: (float(lo), float(hi))
+        for name, lo, hi in zip(PARAMETERS, lows, highs, strict=True)
+        if name in names
     }

@@ -1,5 +1,8 @@
 """Send the probes of a :class:`~headway.calibrate.plan.ProbePlan` and time their streams.
 
+A shared probe's requests share a prefix, which one request (a token long) leaves in the
+engine's prefix cache just before they are sent.
+
 Each request is a streamed ``/v1/completions`` call with a token-id prompt (ids of words
 the server's tokenizer has, from its ``/tokenize``: :mod:`headway.server_vocabulary`),
 ``max_tokens`` and ``ignore_eos`` (so the engine generates exactly that many tokens), and
@@ -259,6 +262,8 @@ async def run_probes(
             shapes = plan.shapes(info.max_model_len)
         except ValueError as error:
             raise ProbeError(str(error)) from None
+        if settings.enable_prefix_caching is False:  # nothing is shared: no shared probe
+            shapes = [s for s in shapes if s.kind != "shared"]
         unidentified = plan.unidentified(info.max_model_len) if for_fit else None
         if unidentified is not None:
             raise ProbeError(unidentified[1])
@@ -278,13 +283,22 @@ async def run_probes(
             for attempt in range(reruns + 1):
                 if progress is not None:
                     progress(n, len(shapes), shape)
-                prompts = [
-                    _prompt(rng, shape.prompt_tokens, serial + i, ids)
-                    for i in range(shape.concurrency)
-                ]
-                serial += shape.concurrency
+                warm_prompt: list[int] | None = None
+                if shape.shared_prefix_tokens:
+                    prefix = _prompt(rng, shape.shared_prefix_tokens, serial, ids)
+                    own = shape.prompt_tokens - shape.shared_prefix_tokens
+                    prompts = [prefix + _prompt(rng, own, serial + 1 + i, ids)
+                               for i in range(shape.concurrency + 1)]  # fmt: skip
+                    warm_prompt = prompts.pop()
+                    serial += shape.concurrency + 2
+                else:
+                    prompts = [
+                        _prompt(rng, shape.prompt_tokens, serial + i, ids)
+                        for i in range(shape.concurrency)
+                    ]
+                    serial += shape.concurrency
                 result = await _probe(
-                    session, target, info.model, shape, prompts, split_ttft, attempt
+                    session, target, info.model, shape, prompts, split_ttft, attempt, warm_prompt
                 )
                 results.append(result)
                 if attempt == reruns or disturbed is None or not disturbed(result, info.time_scale):
@@ -304,10 +318,16 @@ async def _probe(
     prompts: list[list[int]],
     split_ttft: bool,
     attempt: int,
+    warm: list[int] | None = None,
 ) -> ProbeResult:
     """Send ``prompts`` at once (one request each) and time them, as run ``attempt`` of
-    ``shape``; with ``split_ttft``, read the engine's TTFT histograms before and after."""
+    ``shape``; with ``split_ttft``, read the engine's TTFT histograms before and after.
+    ``warm``: a prompt served first, alone, for one token (a shared probe's prefix)."""
     url = f"{target}/v1/completions"
+    if warm is not None:
+        ready = asyncio.Event()
+        ready.set()
+        await _one(session, url, model, warm, 1, ready)
     start = asyncio.Event()
     calls = [_one(session, url, model, prompt, shape.output_tokens, start) for prompt in prompts]
     before = await _ttft_totals(session, target) if split_ttft else None

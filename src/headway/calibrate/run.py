@@ -13,7 +13,6 @@ from dataclasses import asdict
 
 from headway.calibrate.engine_settings import with_flags
 from headway.calibrate.fit import (
-    PARAMETERS,
     bootstrap_intervals,
     disturbed,
     fit_step_time,
@@ -83,7 +82,7 @@ def calibrate(
     fit = fit_step_time(samples)
     intervals = bootstrap_intervals(probes, resamples=resamples)
     impacts = ci_impacts(intervals, fit.leverage)
-    values = {name: getattr(fit.step_time, name) for name in PARAMETERS}
+    values = fit.coefficients
     steps_s, drift = reference_drift(probes)
     frontends = [
         r.ttft_split.frontend_s * scale
@@ -114,7 +113,7 @@ def calibrate(
                     ci_high=intervals[name][1],
                     ci_impact=impacts[name],
                 )
-                for name in PARAMETERS
+                for name in values
             },
             reference_step_s=steps_s,
             drift=drift,

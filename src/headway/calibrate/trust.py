@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from headway.calibrate.fit import PARAMETERS, ProbeSamples
+from headway.calibrate.fit import ProbeSamples
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -94,7 +94,7 @@ def ci_impacts(
     """Half of each coefficient's interval times its leverage: how far its uncertainty
     moves the prediction of the sample it matters most to (a fraction of that time)."""
     out: dict[str, float] = {}
-    for name in PARAMETERS:
+    for name in leverage:
         lo, hi = intervals[name]
         out[name] = (hi - lo) / 2 * leverage[name] if leverage[name] > 0 else 0.0
     return out
@@ -120,7 +120,7 @@ def problems(
             f"through {measured} ms), above --max-drift {limits.max_drift:.0%}: the "
             "host's speed changed; rerun on a quiet machine"
         )
-    for name in PARAMETERS:
+    for name in impacts:
         if impacts[name] > limits.max_ci_impact:
             lo, hi = intervals[name]
             out.append(

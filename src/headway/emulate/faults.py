@@ -166,10 +166,10 @@ class ScaledStepTime:
         """The inner model's duration times the slowdown factor."""
         return self.inner.step_time_s(batch) * self.faults.slowdown_factor
 
-    def decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
+    def decode_step_affine(self, num_seqs: int, shared_kv_tokens: int = 0) -> tuple[float, float]:
         """The inner affine form, scaled (the emulator steps one by one and never caches
         it, so a change of factor applies from the next step)."""
-        base_s, per_kv_s = self.inner.decode_step_affine(num_seqs)
+        base_s, per_kv_s = self.inner.decode_step_affine(num_seqs, shared_kv_tokens)
         factor = self.faults.slowdown_factor
         return base_s * factor, per_kv_s * factor
 

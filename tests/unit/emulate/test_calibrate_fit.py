@@ -19,6 +19,7 @@ from headway.core.engine.steptime import AffineStepTime, BatchShape
 TRUTH = AffineStepTime(
     overhead_s=0.005, per_prefill_token_s=6e-5, per_prefill_pair_s=2e-9,
     per_decode_seq_s=2.5e-4, per_decode_kv_token_s=3e-7, per_prefill_seq_s=0.003,
+    shared_kv_read_ratio=0.13,
 )  # fmt: skip
 
 
@@ -33,25 +34,33 @@ def _ttft_s(t: AffineStepTime, prompt_tokens: int, budget: int = 2048) -> float:
     )
 
 
-def _decode_step_s(t: AffineStepTime, seqs: int, kv_tokens: float) -> float:
-    """A decode-only step of ``seqs`` sequences reading ``kv_tokens`` (the fit's gap row)."""
-    return t.overhead_s + seqs * t.per_decode_seq_s + kv_tokens * t.per_decode_kv_token_s
+def _decode_step_s(t: AffineStepTime, seqs: int, kv_tokens: float, shared: int = 0) -> float:
+    """A decode-only step of ``seqs`` sequences reading ``kv_tokens``, ``shared`` of them
+    in blocks another sequence also reads (the fit's gap row)."""
+    return (
+        t.overhead_s
+        + seqs * t.per_decode_seq_s
+        + (kv_tokens - shared) * t.per_decode_kv_token_s
+        + shared * t.per_decode_kv_token_s * t.shared_kv_read_ratio
+    )
 
 
-def _samples(stall_every: int = 0) -> Samples:
+def _samples(stall_every: int = 0, shared_probe: bool = True) -> Samples:
+    """Clean samples of TRUTH: decode probes at 5 batch sizes and 2 contexts, and (with
+    ``shared_probe``) 8 sequences on a shared 1,024-token prefix."""
     t = TRUTH
     ttft = [(p, math.ceil(p / 8192), _ttft_s(t, p, 8192)) for p in (256, 1024, 4096, 8192, 16384)]
     gaps = []
     n = 0
-    for b in (1, 2, 4, 8, 16):
-        for ctx in (128, 2048):
-            for i in range(0, 64, 8):
-                kv = b * (ctx + i + 3.5)
-                step = _decode_step_s(t, b, kv)
-                n += 1
-                if stall_every and n % stall_every == 0:
-                    step *= 1.5  # a stalled segment, still inside its probe's band
-                gaps.append((b, kv, step, 1.0 / b, step))
+    probes = [(b, ctx, 0) for b in (1, 2, 4, 8, 16) for ctx in (128, 2048)]
+    for b, ctx, shared in [*probes, *([(8, 1056, 7 * 1024)] if shared_probe else [])]:
+        for i in range(0, 64, 8):
+            kv = b * (ctx + i + 3.5)
+            step = _decode_step_s(t, b, kv, shared)
+            n += 1
+            if stall_every and n % stall_every == 0:
+                step *= 1.5  # a stalled segment, still inside its probe's band
+            gaps.append((b, kv, step, 1.0 / b, step, shared))
     return Samples(ttft=ttft, gaps=gaps)
 
 
@@ -60,6 +69,38 @@ def test_fit_recovers_the_truth(stall_every: int) -> None:
     fit = fit_step_time(_samples(stall_every))
     for name in TRUTH.__dataclass_fields__:
         assert getattr(fit.step_time, name) == pytest.approx(getattr(TRUTH, name), rel=1e-3)
+
+
+def test_without_a_shared_probe_the_shared_cost_stays_unset() -> None:
+    """No segment read shared blocks: the fit does not invent a cost for them (NNLS would
+    set an empty column to 0, making every shared read free); the profile's ratio stays
+    1, a shared read costs what another does, and no interval is judged for it."""
+    fit = fit_step_time(_samples(shared_probe=False))
+    assert fit.step_time.shared_kv_read_ratio == 1.0
+    assert "per_decode_shared_kv_token_s" not in fit.leverage | fit.coefficients
+    with_probe = fit_step_time(_samples())
+    assert with_probe.coefficients["per_decode_shared_kv_token_s"] == pytest.approx(
+        0.13 * TRUTH.per_decode_kv_token_s, rel=1e-3
+    )
+    assert fit.step_time.per_decode_kv_token_s == pytest.approx(TRUTH.per_decode_kv_token_s)
+
+
+def test_the_shared_probe_fills_whole_blocks_and_fits_the_model() -> None:
+    shapes = DEFAULT_PLAN.shapes()
+    shared = [s for s in shapes if s.kind == "shared"]
+    assert len(shared) == DEFAULT_PLAN.rounds
+    assert {(s.shared_prefix_tokens, s.concurrency, s.shared_kv_tokens) for s in shared} == {
+        (1024, 8, 7 * 1024)
+    }
+    # a 2,048-token model takes the prefix; a 1,024-token one the longest aligned that fits
+    assert DEFAULT_PLAN.shared_shape(2048) == shared[0]
+    short = DEFAULT_PLAN.shared_shape(1024)
+    assert short is not None and short.shared_prefix_tokens == 768
+    assert short.prompt_tokens + short.output_tokens <= 1024
+    assert DEFAULT_PLAN.shared_shape(200) is None
+    assert ProbePlan(shared_prefix_tokens=0).shared_shape() is None
+    with pytest.raises(ValueError, match="multiple of 256"):
+        ProbePlan(shared_prefix_tokens=1000)
 
 
 def test_too_few_samples_is_an_error() -> None:
@@ -90,8 +131,9 @@ def _long_context_ratios(keep_context: Callable[[float], bool]) -> list[float]:
     for seed in range(8):
         rng = random.Random(seed)
         clean = _samples()
-        gaps = [(b, kv, step * (1 + rng.uniform(-0.05, 0.05)), w, typical)
-                for b, kv, step, w, typical in clean.gaps if keep_context(kv / b)]  # fmt: skip
+        gaps = [(b, kv, step * (1 + rng.uniform(-0.05, 0.05)), w, typical, shared)
+                for b, kv, step, w, typical, shared in clean.gaps
+                if keep_context(kv / b) and not shared]  # fmt: skip
         fit = fit_step_time(Samples(ttft=clean.ttft, gaps=gaps)).step_time
         ratios.append(fit.step_time_s(long_step) / TRUTH.step_time_s(long_step))
     return ratios
@@ -151,7 +193,7 @@ def _noisy_cpu_samples(rng: random.Random) -> Samples:
             for i in range(0, 48, 8):
                 kv = b * (ctx + i + 3.5)
                 step = _decode_step_s(CPU_VLLM, b, kv) * (1 + rng.uniform(-0.05, 0.05))
-                gaps.append((b, kv, step, 1.0 / b, step))
+                gaps.append((b, kv, step, 1.0 / b, step, 0))
     return Samples(ttft=ttft, gaps=gaps)
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from headway.calibrate.fit import (
-    PARAMETERS,
     ProbeSamples,
     bootstrap_intervals,
     fit_step_time,
@@ -50,7 +49,7 @@ def _probes(rounds: int = 3, slower: dict[int, float] | None = None) -> list[Pro
                     kv = b * (ctx + i + 3.5)
                     step = t.overhead_s + b * t.per_decode_seq_s + kv * t.per_decode_kv_token_s
                     step *= f * jitter
-                    gaps.append((b, kv, step, 1.0 / b, step))
+                    gaps.append((b, kv, step, 1.0 / b, step, 0))
                 out.append(ProbeSamples(
                     shape=ProbeShape(kind="decode", prompt_tokens=ctx, concurrency=b,
                                      output_tokens=33, round=r),
@@ -62,7 +61,7 @@ def _probes(rounds: int = 3, slower: dict[int, float] | None = None) -> list[Pro
 def _judge(probes: list[ProbeSamples], limits: TrustLimits) -> list[str]:
     fit = fit_step_time(pool(probes))
     intervals = bootstrap_intervals(probes, resamples=100)
-    values = {n: getattr(fit.step_time, n) for n in PARAMETERS}
+    values = fit.coefficients
     steps, drift = reference_drift(probes)
     return problems(
         steps_s=steps, drift=drift, intervals=intervals,
@@ -106,7 +105,7 @@ def test_rounds_that_disagree_fail_naming_the_parameter() -> None:
 def _reference(step_s: float, r: int) -> ProbeSamples:
     shape = ProbeShape(kind="reference", prompt_tokens=128, concurrency=8, output_tokens=33,
                        round=r)  # fmt: skip
-    return ProbeSamples(shape=shape, gaps=[(8, 1100.0, step_s, 0.125, step_s)],
+    return ProbeSamples(shape=shape, gaps=[(8, 1100.0, step_s, 0.125, step_s, 0)],
                         typical_gap_s=step_s)  # fmt: skip
 
 

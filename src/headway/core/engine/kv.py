@@ -197,6 +197,7 @@ class BlockPool:
         "_num_evictions",
         "_num_free",
         "_num_hashed",
+        "_num_shared_refs",
         "_num_stale",
         "_queue",
         "_ref_count",
@@ -237,6 +238,7 @@ class BlockPool:
         self._duplicates: dict[int, list[int]] = {}
         self._num_hashed = 0
         self._num_evictions = 0
+        self._num_shared_refs = 0
 
     # ----------------------------------------------------------------- properties
 
@@ -269,6 +271,14 @@ class BlockPool:
     def usage(self) -> float:
         """Fraction of blocks in use, 0.0 to 1.0 (vLLM's ``kv_cache_usage``)."""
         return (self._num_blocks - self._num_free) / self._num_blocks
+
+    @property
+    def num_shared_refs(self) -> int:
+        """References beyond a block's first, over all blocks: a block held by ``k``
+        requests (a prefix-cache hit on a block in use) counts ``k - 1``. Times the block
+        size, the KV tokens that a step's sequences read in blocks another of them also
+        reads (:attr:`BatchShape.decode_shared_kv_tokens`)."""
+        return self._num_shared_refs
 
     @property
     def num_cached(self) -> int:
@@ -429,6 +439,8 @@ class BlockPool:
                 ref[b] = count - 1
                 if count == 1:
                     released.append(b)
+                else:
+                    self._num_shared_refs -= 1
         finally:
             self._queue += released
             self._num_free += len(released)
@@ -444,6 +456,8 @@ class BlockPool:
                 self._stale[b] += 1
                 self._num_stale += 1
                 self._num_free -= 1
+            else:
+                self._num_shared_refs += 1
             ref[b] += 1
         if self._num_stale > self._num_blocks:
             self._purge_stale()
@@ -542,6 +556,9 @@ class BlockPool:
         ref = self._ref_count
         if any(count < 0 for count in ref):
             raise RuntimeError("a block has a negative ref count")
+        shared = sum(count - 1 for count in ref if count > 1)
+        if shared != self._num_shared_refs:
+            raise RuntimeError(f"num_shared_refs is {self._num_shared_refs} but {shared} counted")
         if not 0 <= self._head <= len(self._queue):
             raise RuntimeError(f"free queue head {self._head} is out of range")
         entries = [0] * n

@@ -484,17 +484,23 @@ class ReplicaModel:
         known to the replica; bound the run with :meth:`decode_steps_starting_before`."""
         return self.scheduler.decode_run_limit()
 
-    def _decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
-        """``step_time.decode_step_affine(num_seqs)``, memoised per replica."""
+    def _decode_step_affine(self, num_seqs: int, shared_kv_tokens: int) -> tuple[float, float]:
+        """``step_time.decode_step_affine(num_seqs, shared_kv_tokens)``, memoised per
+        replica where nothing is shared (the common case)."""
+        if shared_kv_tokens:
+            return self.step_time.decode_step_affine(num_seqs, shared_kv_tokens)
         affine = self._affine.get(num_seqs)
         if affine is None:
             affine = self._affine[num_seqs] = self.step_time.decode_step_affine(num_seqs)
         return affine
 
     def _decode_affine(self) -> tuple[int, int, float, float]:
-        num_seqs = self.scheduler.num_running
-        kv_first = self.scheduler.decode_run_kv_tokens()
-        base_s, per_kv_token_s = self._decode_step_affine(num_seqs)
+        sched = self.scheduler
+        num_seqs = sched.num_running
+        kv_first = sched.decode_run_kv_tokens()
+        base_s, per_kv_token_s = self._decode_step_affine(
+            num_seqs, sched.shared_kv_tokens(kv_first)
+        )
         scale = self.time_scale
         return num_seqs, kv_first, base_s * scale, per_kv_token_s * scale
 
@@ -548,8 +554,11 @@ class ReplicaModel:
                 ``num_steps`` is not in ``1..max_identical_decode_steps()``.
         """
         self._check_start(now)
-        outcome = self.scheduler.apply_decode_steps(num_steps)
-        base_s, per_kv_token_s = self._decode_step_affine(outcome.num_seqs)
+        sched = self.scheduler
+        # The run's shared blocks are those before it: it ends by freeing the finished.
+        shared = sched.shared_kv_tokens(sched.decode_run_kv_tokens())
+        outcome = sched.apply_decode_steps(num_steps)
+        base_s, per_kv_token_s = self._decode_step_affine(outcome.num_seqs, shared)
         base_s *= self.time_scale
         per_kv_token_s *= self.time_scale
         run = DecodeRun(

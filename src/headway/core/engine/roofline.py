@@ -375,10 +375,13 @@ class RooflineStepTime:
             return 0.0
         return self._fixed_time_s(batch) + self._per_kv_token_s * batch.decode_kv_tokens
 
-    def decode_step_affine(self, num_seqs: int) -> tuple[float, float]:
+    def decode_step_affine(self, num_seqs: int, shared_kv_tokens: int = 0) -> tuple[float, float]:
         """``(base_s, per_kv_token_s)`` of decode-only steps of ``num_seqs`` sequences.
 
-        ``step_time_s`` computes decode-only steps as exactly ``base + per * kv``.
+        ``step_time_s`` computes decode-only steps as exactly ``base + per * kv``. Shared
+        KV tokens cost what the others do: a GPU engine without cascade attention (vLLM
+        0.32 has none) reads each sequence's blocks from HBM, and what its L2 cache saves
+        on shared ones has not been measured here.
         """
         if num_seqs <= 0:
             return (0.0, 0.0)

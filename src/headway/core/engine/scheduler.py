@@ -660,6 +660,7 @@ class Scheduler:
                 pairs += prefill_pairs(num_new, prior)
             req._computed = prior + num_new
             scheduled[req.request_id] = num_new
+        shared = self.shared_kv_tokens(decode_kv) if decode_seqs else 0
         total = prefill_tokens + decode_seqs
         if total > self._max_tokens or step.budget < 0:
             raise RuntimeError(
@@ -676,6 +677,7 @@ class Scheduler:
                 num_prefill_seqs=prefill_seqs,
                 num_decode_seqs=decode_seqs,
                 decode_kv_tokens=decode_kv,
+                decode_shared_kv_tokens=shared,
             ),
             # The decoding pass: the running set is the decoded requests, then the admitted.
             requests=tuple(self._running) if step.num_decoded else tuple(step.scheduled),
@@ -1010,6 +1012,17 @@ class Scheduler:
         several times about the same run).
         """
         return self._decode_run_state()[0]
+
+    def shared_kv_tokens(self, kv_tokens: int) -> int:
+        """Of ``kv_tokens`` read by the step's decoding requests, those in blocks another
+        running request also holds, counted for every holder but the first
+        (:attr:`BatchShape.decode_shared_kv_tokens`): the pool's extra references, whole
+        blocks (only full blocks are shared), at most ``kv_tokens``. A prefilling request
+        that shares a block with a decoding one counts too: its chunk reads the block in
+        the same step."""
+        if not self._caching:
+            return 0
+        return min(kv_tokens, self.pool.num_shared_refs * self._block_size)
 
     def decode_run_kv_tokens(self) -> int:
         """KV tokens the next decode-only step reads: the running set's computed tokens."""

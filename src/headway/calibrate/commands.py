@@ -7,8 +7,8 @@
 [--max-num-batched-tokens N] [--max-drift F] [--max-ci-impact F] [--json]`` probes the
 endpoint and writes the fitted profile and a cluster file of the engine's settings
 (``docs/calibrate.md``). It exits 1, naming what failed, when the fit cannot be trusted
-(drift, a confidence interval too wide). A bad ``--target``, a server that is not up or an ``--out`` that cannot be
-written is one line and exit code 2, before any probe runs.
+(drift, a confidence interval too wide). A bad ``--target``, a server that is not up or
+an ``--out`` that cannot be written is one line and exit code 2, before any probe runs.
 """
 
 from __future__ import annotations

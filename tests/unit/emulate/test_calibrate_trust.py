@@ -145,7 +145,8 @@ def test_bad_thresholds_are_usage_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = str(tmp_path / "p.json")
-    for flag, value in (("--max-drift", "0"), ("--max-ci-impact", "nan"), ("--rounds", "0")):
+    for flag, value in (("--max-drift", "0"), ("--max-ci-impact", "nan"), ("--rounds", "0"),
+                        ("--shared-prefix-tokens", "1000")):  # fmt: skip
         code = main(["calibrate", "--target", "http://127.0.0.1:9", "--out", out, flag, value])
         err = capsys.readouterr().err
         assert code == 2, (flag, err)

@@ -42,6 +42,7 @@ from headway.core.engine.steptime import AffineStepTime
 
 __all__ = [
     "PARAMETERS",
+    "SHARED_PARAMETER",
     "FitOutcome",
     "ProbeSamples",
     "Samples",
@@ -62,8 +63,12 @@ PARAMETERS = (
     "per_prefill_seq_s",
     "per_decode_shared_kv_token_s",
 )
-"""The fitted coefficients, in the order of the regression's columns; the last only when
-a shared probe gave samples (:func:`fitted_parameters`)."""
+"""The fitted coefficients, in the order of the regression's columns; the last
+(:data:`SHARED_PARAMETER`) only when a shared probe gave samples
+(:func:`fitted_parameters`)."""
+
+SHARED_PARAMETER = PARAMETERS[-1]
+"""The cost of a shared KV read, which the profile keeps as ``shared_kv_read_ratio``."""
 
 
 @dataclass(slots=True)
@@ -297,12 +302,12 @@ def _fit(samples: Samples) -> tuple[FitOutcome, np.ndarray[Any, np.dtype[np.floa
     rel = rel[keep]
     names = fitted_parameters(samples)
     values = {name: float(value) for name, value in zip(PARAMETERS, theta, strict=True)}
-    fields = {name: values[name] for name in PARAMETERS[:-1]}
-    shared_s, per_kv_s = values[PARAMETERS[-1]], values["per_decode_kv_token_s"]
+    fields = {name: values[name] for name in PARAMETERS if name != SHARED_PARAMETER}
+    shared_s, per_kv_s = values[SHARED_PARAMETER], values["per_decode_kv_token_s"]
     step = AffineStepTime(
         **fields,
         shared_kv_read_ratio=shared_s / per_kv_s
-        if PARAMETERS[-1] in names and per_kv_s > 0
+        if SHARED_PARAMETER in names and per_kv_s > 0
         else 1.0,
     )
     leverage = np.max(a[keep] / y[keep][:, None], axis=0)
@@ -325,7 +330,7 @@ def fitted_parameters(samples: Samples) -> tuple[str, ...]:
     ``shared_kv_read_ratio`` stays 1, a shared read costs what another does)."""
     if any(g[5] > 0 for g in samples.gaps):
         return PARAMETERS
-    return PARAMETERS[:-1]
+    return tuple(name for name in PARAMETERS if name != SHARED_PARAMETER)
 
 
 def bootstrap_intervals(

@@ -112,7 +112,7 @@ class ProbePlan:
     ``(t_end - t_start) / steps``: lateness inside the run cancels out)."""
     shared_prefix_tokens: int = 1024
     """The shared probe's common prefix (0: no shared probe, and the profile's
-    ``per_decode_shared_kv_token_s`` stays unset: a shared read costs what another does).
+    ``shared_kv_read_ratio`` stays 1: a shared read costs what another does).
     A multiple of :data:`SHARED_ALIGN_TOKENS`, so that it fills whole KV blocks of any
     common block size; where ``max_model_len`` cannot take it, the longest such prefix
     that fits."""

@@ -554,13 +554,10 @@ class ReplicaModel:
                 ``num_steps`` is not in ``1..max_identical_decode_steps()``.
         """
         self._check_start(now)
-        sched = self.scheduler
-        # The run's shared blocks are those before it: it ends by freeing the finished.
-        shared = sched.shared_kv_tokens(sched.decode_run_kv_tokens())
-        outcome = sched.apply_decode_steps(num_steps)
-        base_s, per_kv_token_s = self._decode_step_affine(outcome.num_seqs, shared)
-        base_s *= self.time_scale
-        per_kv_token_s *= self.time_scale
+        # The run's affine form as previewed, taken before the run is applied: it ends by
+        # freeing its finished requests, and their shared blocks with them.
+        _, _, base_s, per_kv_token_s = self._decode_affine()
+        outcome = self.scheduler.apply_decode_steps(num_steps)
         run = DecodeRun(
             start_s=now,
             num_steps=outcome.num_steps,

@@ -136,7 +136,8 @@ class AffineStepTime:
     (:attr:`BatchShape.decode_shared_kv_tokens`) costs, as a fraction of
     ``per_decode_kv_token_s``: 1 (the default), every read from memory. ``headway
     calibrate`` measures it with a decode probe whose requests share a cached prefix
-    (a CPU vLLM: ~0.1, the second read onwards found in the CPU's caches)."""
+    (a CPU vLLM, whose second read onwards finds the block in the CPU's caches: ~0.2 by
+    an ad-hoc measurement, 0.049 and 0.46 in two calibrations of one benchmark run)."""
 
     per_prefill_seq_s: float = 0.0
     """Cost of each request that computes a prefill chunk in the step: what the engine
